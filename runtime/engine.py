@@ -1,0 +1,282 @@
+"""The Engine: one loop thread that owns the model, the KV cache and the radix tree.
+
+Other threads talk to it only through `submit` (returns an OutputStream) and `abort`.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import torch
+
+from radix import KVPagePool, RequestPageTable
+from runtime.attention import make_attention_backend
+from runtime.config import EngineConfig
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.device import pick_device, pick_dtype, kv_cache_tokens
+from runtime.kv_cache import KVCache
+from runtime.kv_manager import KVManager
+from runtime.model_runner import ModelRunner
+from runtime.models.llama import LlamaForCausalLM
+from runtime.models.loader import ModelFiles, load_model_files
+from runtime.request import OutputStream, Request, RequestOutput, RequestStatus
+from runtime.sampler import Sampler
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import ScheduledBatch, Scheduler
+
+log = logging.getLogger("radixserve.engine")
+
+Prompt = Union[str, Sequence[int]]
+
+
+class EngineOverloadedError(RuntimeError):
+    """The waiting queue is full; retry later (the API maps this to HTTP 503)."""
+
+
+@dataclass
+class CompletionResult:
+    """A whole finished request, as `generate` returns it."""
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int
+    logprobs: list
+
+
+class Engine:
+    def __init__(self, config: Optional[EngineConfig] = None, model_files: Optional[ModelFiles] = None):
+        self.config = config = config or EngineConfig()
+        config.validate()
+        files = model_files or load_model_files(config.model)
+        self.model_name = files.name
+        self.tokenizer = files.tokenizer
+        self.model_config = mc = files.config
+        self.device = pick_device(config.device)
+        self.dtype = pick_dtype(config.dtype, self.device)
+        self.model = LlamaForCausalLM(mc, files.weights, self.dtype, self.device)
+        self.eos_token_ids = sorted(set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids))
+
+        num_tokens = kv_cache_tokens(config, mc, self.dtype, self.device)
+        p = config.page_size
+        self.pool = KVPagePool(num_tokens // p, p)
+        self.kv_cache = KVCache(mc.num_layers, self.pool.num_slots, mc.num_kv_heads, mc.head_dim,
+                                self.dtype, self.device)
+        pages_per_req = -(-mc.max_context_len // p)
+        table = RequestPageTable(config.max_running_requests, pages_per_req, self.device)
+        self.kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache)
+        self.scheduler = Scheduler(config, self.kv)
+        attention = make_attention_backend(config.attention_backend, self.kv_cache, mc.head_dim)
+        self.runner = ModelRunner(self.model, attention, table, p, self.device)
+        self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, seed=config.seed)
+
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._requests: dict[str, Request] = {}    # submitted and not yet finished (guarded by _lock)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.steps = 0
+        self._thread = threading.Thread(target=self._loop, name="radixserve-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.pool.num_slots
+
+    # ---- thread-safe API ----------------------------------------------------
+    def submit(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+               request_id: Optional[str] = None) -> OutputStream:
+        """Validate and queue a request; raises ValueError (bad input) or EngineOverloadedError."""
+        if self._stop.is_set():
+            raise RuntimeError("engine is shut down")
+        params = params or SamplingParams()
+        params.validate(self.model_config.vocab_size)
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_prompt(ids, params)
+        rid = request_id or uuid.uuid4().hex
+        stream = OutputStream(rid)
+        req = Request(rid, ids, params, stream)
+        if params.seed is not None:
+            req.generator = torch.Generator().manual_seed(params.seed)
+        req.detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens)
+        with self._lock:
+            if rid in self._requests:
+                raise ValueError(f"request_id {rid!r} is already in use")
+            if len(self._requests) >= self.config.max_waiting_requests + self.config.max_running_requests:
+                raise EngineOverloadedError("server overloaded: too many requests waiting")
+            self._requests[rid] = req
+        self._inbox.put(("add", req))
+        return stream
+
+    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        ctx = self.model_config.max_context_len
+        if not ids:
+            raise ValueError("prompt: must contain at least one token")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        if len(ids) >= ctx:
+            raise ValueError(f"prompt: {len(ids)} tokens is longer than the model context ({ctx} tokens)")
+        if len(ids) + params.max_tokens > ctx:
+            raise ValueError(f"max_tokens: prompt ({len(ids)}) + max_tokens ({params.max_tokens}) "
+                             f"exceeds the model context of {ctx} tokens")
+        if len(ids) + params.max_tokens > self.kv_capacity_tokens:
+            raise ValueError(f"max_tokens: prompt + max_tokens ({len(ids) + params.max_tokens}) exceeds the KV "
+                             f"cache of {self.kv_capacity_tokens} tokens")
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[CompletionResult]:
+        """Offline use: run all prompts through the batch and return whole results in order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        streams = [self.submit(p, sp) for p, sp in zip(prompts, params)]
+        return [collect(s) for s in streams]
+
+    def flush_cache(self) -> None:
+        """Drop all cached prefixes once the engine is idle (blocks until it is)."""
+        done = threading.Event()
+        self._inbox.put(("flush", done))
+        done.wait()
+
+    def check_idle_invariant(self) -> None:
+        """Raise unless every page is free or in the tree (call when no request is in flight)."""
+        done = threading.Event()
+        result: list = []
+        self._inbox.put(("check", (done, result)))
+        done.wait()
+        if result:
+            raise result[0]
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    # ---- the loop -------------------------------------------------------------
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stop.is_set():
+            self._drain_inbox(block=not self.scheduler.has_work())
+            if self._stop.is_set():
+                break
+            batch = self.scheduler.schedule()
+            if batch is None:
+                continue
+            try:
+                self._step(batch)
+            except Exception as e:  # a bug or device error: fail the batch, keep serving
+                log.error("engine step failed: %s\n%s", e, traceback.format_exc())
+                for item in batch.items:
+                    if not item.req.is_finished:
+                        self._finish(item.req, "error", error=f"internal error: {e}", cache=False)
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self._finish(req, "abort", cache=False)
+
+    def _drain_inbox(self, block: bool) -> None:
+        while True:
+            try:
+                kind, arg = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if kind == "add":
+                self.scheduler.add(arg)
+            elif kind == "abort":
+                with self._lock:
+                    req = self._requests.get(arg)
+                if req is not None and not req.is_finished:
+                    self._finish(req, "abort")
+            elif kind == "flush":
+                if not self.scheduler.has_work():
+                    self.kv.flush()
+                arg.set()
+            elif kind == "check":
+                done, result = arg
+                try:
+                    self.kv.check_invariant(self.scheduler.running)
+                except AssertionError as e:
+                    result.append(e)
+                done.set()
+            elif kind == "stop":
+                return
+
+    def _step(self, batch: ScheduledBatch) -> None:
+        logits = self.runner.forward(batch)
+        sampling = [it.req for it in batch.items if it.samples]
+        tokens, logprobs = self.sampler.sample(logits, sampling) if sampling else ([], [])
+        self.steps += 1
+        for item in batch.items:
+            item.req.kv_len += item.num_tokens
+        for item in batch.extends:
+            self.kv.cache_prefix(item.req)  # later requests can reuse a prompt mid-prefill
+        for req, tok, lp in zip(sampling, tokens, logprobs):
+            self._commit(req, tok, lp)
+
+    def _commit(self, req: Request, token: int, logprob) -> None:
+        p = req.params
+        req.append_token(token)
+        if logprob is not None:
+            req.logprobs.append(logprob)
+        n_out = len(req.output_ids)
+        reason = None
+        hit_stop_id = (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids))
+        if hit_stop_id and n_out >= p.min_tokens:
+            reason = "stop"
+        else:
+            req.detok.add_token(token)
+            if req.detok.stopped and n_out >= p.min_tokens:
+                reason = "stop"
+        if reason is None and n_out >= p.max_tokens:
+            reason = "length"
+        if reason is None and req.num_tokens >= self.model_config.max_context_len:
+            reason = "length"
+        if reason is not None:
+            self._finish(req, reason, token=token, logprob=logprob)
+            return
+        delta = req.detok.pop_delta()
+        req.stream.put(RequestOutput(req.request_id, delta, [token], [logprob] if logprob else [],
+                                     prompt_tokens=len(req.prompt_ids), completion_tokens=n_out,
+                                     cached_tokens=req.cached_tokens))
+
+    def _finish(self, req: Request, reason: str, token: Optional[int] = None, logprob=None,
+                error: Optional[str] = None, cache: bool = True) -> None:
+        req.finish_reason = reason
+        req.status = RequestStatus.ABORTED if reason in ("abort", "error") else RequestStatus.FINISHED
+        self.scheduler.remove(req, cache=cache)
+        with self._lock:
+            self._requests.pop(req.request_id, None)
+        text = req.detok.pop_delta(final=True) if reason != "error" else ""
+        req.stream.put(RequestOutput(
+            req.request_id, text, [token] if token is not None else [], [logprob] if logprob else [],
+            finish_reason=reason, error=error, prompt_tokens=len(req.prompt_ids),
+            completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens))
+
+
+def collect(stream: OutputStream) -> CompletionResult:
+    """Drain a stream into one result."""
+    text, ids, lps = [], [], []
+    last = None
+    for out in stream:
+        text.append(out.text)
+        ids.extend(out.token_ids)
+        lps.extend(out.logprobs)
+        last = out
+    return CompletionResult(stream.request_id, "".join(text), ids, last.finish_reason,
+                            last.prompt_tokens, last.cached_tokens, lps)

@@ -1,0 +1,104 @@
+"""A request's view of the KV cache: prefix matching, page allocation, caching and release.
+
+The only place that moves pages between the pool, the radix tree and requests,
+so the accounting invariant (free + tree + held == total) has one owner.
+"""
+from __future__ import annotations
+
+import logging
+
+from radix import KVPagePool, RadixCache, RequestPageTable
+from radix.page_pool import OutOfPagesError
+from runtime.request import Request
+
+log = logging.getLogger("radixserve.kv")
+
+
+class KVManager:
+    def __init__(self, pool: KVPagePool, page_table: RequestPageTable, radix_enabled: bool = True):
+        self.pool = pool
+        self.page_size = pool.page_size
+        self.tree = RadixCache(pool)
+        self.table = page_table
+        self.radix_enabled = radix_enabled
+
+    # ---- accounting ------------------------------------------------------
+    def available_pages(self) -> int:
+        """Pages that could be handed out now: free plus evictable from the tree."""
+        return self.pool.num_free + self.tree.evictable_size // self.page_size
+
+    def check_invariant(self, running: list[Request]) -> None:
+        held = sum(len(r.pages) - r.tree_len // self.page_size for r in running)
+        total = self.pool.num_free + self.tree.num_pages + held
+        if total != self.pool.num_pages:
+            raise AssertionError(f"KV page accounting broken: free {self.pool.num_free} + tree "
+                                 f"{self.tree.num_pages} + held {held} != {self.pool.num_pages}")
+
+    def pages_needed(self, req: Request, new_tokens: int) -> int:
+        return -(-(req.kv_len + new_tokens) // self.page_size) - len(req.pages)
+
+    # ---- lifecycle -------------------------------------------------------
+    def match(self, req: Request) -> int:
+        """Attach the longest cached prefix to a request about to run; returns its length."""
+        req.page_row = self.table.alloc_row()
+        if not self.radix_enabled:
+            return 0
+        # leave at least one token to compute: its logits give the next token
+        slots, node = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1])
+        self.tree.lock(node)
+        req.tree_node, req.tree_len, req.kv_len = node, len(slots), len(slots)
+        req.pages = [s // self.page_size for s in slots[:: self.page_size]]
+        self.table.write(req.page_row, 0, req.pages)
+        return len(slots)
+
+    def alloc(self, req: Request, new_tokens: int) -> bool:
+        """Give `req` pages for `new_tokens` more positions, evicting tree leaves if needed."""
+        n = self.pages_needed(req, new_tokens)
+        if n <= 0:
+            return True
+        short = n - self.pool.num_free
+        if short > 0:
+            self.tree.evict(short * self.page_size)
+        try:
+            pages = self.pool.alloc(n)
+        except OutOfPagesError:
+            return False
+        self.table.write(req.page_row, len(req.pages), pages)
+        req.pages.extend(pages)
+        return True
+
+    def cache_prefix(self, req: Request) -> None:
+        """Insert the request's computed whole pages into the tree and hold them through it."""
+        if not self.radix_enabled:
+            return
+        n = req.kv_len - req.kv_len % self.page_size
+        if n <= req.tree_len:
+            return
+        p = self.page_size
+        slots = self.pool.slots_of(req.pages[: n // p])
+        self.tree.insert(req.token_ids[:n], slots)
+        tree_slots, node = self.tree.match_prefix(req.token_ids[:n])
+        tree_pages = [s // p for s in tree_slots[::p]]
+        if tree_pages != req.pages[: n // p]:
+            req.pages[: n // p] = tree_pages
+            self.table.write(req.page_row, 0, tree_pages)
+        self.tree.lock(node)
+        if req.tree_node is not None:
+            self.tree.unlock(req.tree_node)
+        req.tree_node, req.tree_len = node, n
+
+    def release(self, req: Request, cache: bool = True) -> None:
+        """Return everything the request holds; with `cache`, its computed prefix stays in the tree."""
+        if req.page_row < 0:
+            return
+        if cache:
+            self.cache_prefix(req)
+        self.pool.free(req.pages[req.tree_len // self.page_size:])
+        if req.tree_node is not None:
+            self.tree.unlock(req.tree_node)
+        self.table.free_row(req.page_row)
+        req.pages, req.tree_node, req.tree_len, req.kv_len, req.page_row = [], None, 0, 0, -1
+
+    def flush(self) -> None:
+        """Drop all cached prefixes (only when no request holds any)."""
+        self.tree.reset()

@@ -1,0 +1,105 @@
+"""Read a GGUF file: metadata -> ModelConfig and tokenizer, tensors dequantised to float32
+under Hugging Face names."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from runtime.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
+from runtime.models.loader import ModelFiles, ModelLoadError
+from runtime.tokenizer import Tokenizer
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def read_fields(reader) -> dict[str, Any]:
+    out = {}
+    for key, field in reader.fields.items():
+        try:
+            out[key] = field.contents()
+        except Exception:  # a field type this gguf version cannot decode; we never need those
+            continue
+    return out
+
+
+def hf_name(gguf_name: str) -> str | None:
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[parts[0]]}.{parts[1]}"
+    return None
+
+
+def unpermute_rope(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved RoPE pairs -> rotate-half halves)."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> ModelConfig:
+    arch = f.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"unsupported GGUF architecture {arch!r}: radixserve runs llama, qwen2 and qwen3 GGUF files")
+    a = lambda k, d=None: f.get(f"{arch}.{k}", d)  # noqa: E731
+    heads = a("attention.head_count")
+    hidden = a("embedding_length")
+    scaling = None
+    kind = a("rope.scaling.type")
+    if kind == "linear":
+        scaling = {"rope_type": "linear", "factor": a("rope.scaling.factor")}
+    elif kind not in (None, "none"):
+        raise UnsupportedModelError(f"unsupported rope scaling {kind!r} in GGUF")
+    bias, qk_norm = ARCHITECTURES[arch]
+    eos = f.get("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        model_type=arch, hidden_size=hidden, num_layers=a("block_count"), num_heads=heads,
+        num_kv_heads=a("attention.head_count_kv", heads), head_dim=a("attention.key_length", hidden // heads),
+        intermediate_size=a("feed_forward_length"), vocab_size=a("vocab_size", vocab_size),
+        rms_norm_eps=a("attention.layer_norm_rms_epsilon", 1e-5), rope_theta=float(a("rope.freq_base", 10000.0)),
+        rope_scaling=scaling, max_context_len=a("context_length", 2048), tie_word_embeddings=not has_output,
+        attention_bias=bias, qk_norm=qk_norm, eos_token_ids=[eos] if eos is not None else [])
+
+
+def load_gguf(path: Path, name: str) -> ModelFiles:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
+    fields = read_fields(reader)
+    tensors = {t.name: t for t in reader.tensors}
+    vocab = len(fields.get("tokenizer.ggml.tokens", [])) or tensors["token_embd.weight"].shape[-1]
+    config = config_from_fields(fields, "output.weight" in tensors, vocab)
+    if "rope_freqs.weight" in tensors:  # llama3-style scaling stored as per-frequency divisors
+        factors = dequantize(tensors["rope_freqs.weight"].data, tensors["rope_freqs.weight"].tensor_type)
+        config.rope_scaling = {"rope_type": "factors", "factors": np.asarray(factors).reshape(-1).tolist()}
+    weights: dict[str, torch.Tensor] = {}
+    try:
+        for gname, t in tensors.items():
+            hname = hf_name(gname)
+            if hname is None:
+                continue
+            w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            w = w.reshape([int(d) for d in reversed(t.shape)])
+            if config.model_type in ("llama", "mistral"):
+                if gname.endswith("attn_q.weight") or gname.endswith("attn_q.bias"):
+                    w = unpermute_rope(w, config.num_heads)
+                elif gname.endswith("attn_k.weight") or gname.endswith("attn_k.bias"):
+                    w = unpermute_rope(w, config.num_kv_heads)
+            weights[hname] = torch.from_numpy(w if w.flags.writeable else w.copy())
+    except (ValueError, NotImplementedError) as e:
+        raise ModelLoadError(f"cannot dequantise {path.name}: {e}") from None
+    return ModelFiles(name, config, weights, Tokenizer.from_gguf_fields(fields))

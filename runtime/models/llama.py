@@ -1,0 +1,91 @@
+"""One Llama-family decoder (Llama, Mistral, SmolLM, Qwen2, Qwen3) on the paged KV cache.
+
+Plain tensors and functional ops: there is no training, and fewer Python layers per op
+keep the CPU decode step short. q/k/v and gate/up projections are fused.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from runtime.forward_batch import ForwardBatch
+from runtime.models.config import ModelConfig
+from runtime.models.rope import apply_rope, cos_sin_table
+
+
+class Linear:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class DecoderLayer:
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], index: int):
+        p = f"model.layers.{index}."
+        a = p + "self_attn."
+        qkv_w = torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]])
+        qkv_b = None
+        if cfg.attention_bias:
+            qkv_b = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
+        self.qkv = Linear(qkv_w, qkv_b)
+        self.o = Linear(w[a + "o_proj.weight"], w.get(a + "o_proj.bias"))
+        self.q_norm = w[a + "q_norm.weight"] if cfg.qk_norm else None
+        self.k_norm = w[a + "k_norm.weight"] if cfg.qk_norm else None
+        m = p + "mlp."
+        self.gate_up = Linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]))
+        self.down = Linear(w[m + "down_proj.weight"])
+        # norms run on the float32 residual stream: bf16 cannot carry this family's outlier activations
+        self.input_norm = w[p + "input_layernorm.weight"].float()
+        self.post_attn_norm = w[p + "post_attention_layernorm.weight"].float()
+        self.dtype = qkv_w.dtype
+        self.index = index
+        self.eps = cfg.rms_norm_eps
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.inter = cfg.intermediate_size
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 batch: ForwardBatch, attn) -> torch.Tensor:
+        t, d = x.shape[0], self.head_dim
+        h = F.rms_norm(x, (x.shape[-1],), self.input_norm, self.eps).to(self.dtype)
+        q, k, v = self.qkv(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = q.view(t, self.heads, d), k.view(t, self.kv_heads, d), v.view(t, self.kv_heads, d)
+        if self.q_norm is not None:
+            q = F.rms_norm(q, (d,), self.q_norm, self.eps)
+            k = F.rms_norm(k, (d,), self.k_norm, self.eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = attn.forward(self.index, q, k, v.contiguous(), batch)
+        x = x + self.o(o.reshape(t, self.q_size))
+        h = F.rms_norm(x, (x.shape[-1],), self.post_attn_norm, self.eps).to(self.dtype)
+        gate, up = self.gate_up(h).split([self.inter, self.inter], dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class LlamaForCausalLM:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device):
+        self.cfg = cfg
+        self.dtype, self.device = dtype, device
+        w = {k: t.to(device=device, dtype=dtype) for k, t in weights.items()}
+        self.embed = w["model.embed_tokens.weight"]
+        self.layers = [DecoderLayer(cfg, w, i) for i in range(cfg.num_layers)]
+        self.norm = w["model.norm.weight"].float()
+        self.lm_head = self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in w else w["lm_head.weight"]
+        self.cos, self.sin = cos_sin_table(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
+                                           cfg.max_context_len, dtype, device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
+        """Float32 logits of `batch.sample_rows` (all rows when None)."""
+        x = F.embedding(batch.input_ids, self.embed).float()
+        cos = self.cos[batch.positions].unsqueeze(1)
+        sin = self.sin[batch.positions].unsqueeze(1)
+        for layer in self.layers:
+            x = layer(x, cos, sin, batch, attn)
+        if batch.sample_rows is not None:
+            x = x[batch.sample_rows]
+        x = F.rms_norm(x, (x.shape[-1],), self.norm, self.cfg.rms_norm_eps).to(self.dtype)
+        return F.linear(x, self.lm_head).float()

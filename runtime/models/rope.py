@@ -1,0 +1,45 @@
+"""Rotary position embedding tables (default, linear and llama3 scaling)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+
+from runtime.models.config import UnsupportedModelError
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: Optional[dict[str, Any]]) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "factors":
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float64)
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_len = scaling.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    raise UnsupportedModelError(f"unsupported rope scaling {kind!r} (supported: linear, llama3)")
+
+
+def cos_sin_table(head_dim: int, theta: float, scaling, max_len: int, dtype: torch.dtype,
+                  device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[max_len, head_dim // 2] cos and sin, computed in float64 then cast once."""
+    inv_freq = inverse_frequencies(head_dim, theta, scaling)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
+    return angles.cos().to(dtype=dtype, device=device), angles.sin().to(dtype=dtype, device=device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim] in the rotate-half layout; cos/sin: [T, 1, head_dim // 2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

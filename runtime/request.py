@@ -1,0 +1,136 @@
+"""A request's state through its lifecycle, and the stream its outputs go to."""
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from runtime.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
+
+
+@dataclass
+class RequestOutput:
+    """One increment of a request's output; the last one carries `finish_reason`."""
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: Optional[str] = None      # stop | length | abort | error
+    error: Optional[str] = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class OutputStream:
+    """Thread-safe queue of RequestOutputs: iterate it blocking, or `async for` it."""
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self._items: deque[RequestOutput] = deque()
+        self._cond = threading.Condition()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._done = False
+
+    def put(self, out: RequestOutput) -> None:
+        with self._cond:
+            self._items.append(out)
+            self._cond.notify_all()
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
+    def _pop(self) -> Optional[RequestOutput]:
+        with self._cond:
+            return self._items.popleft() if self._items else None
+
+    def __iter__(self):
+        while not self._done:
+            with self._cond:
+                while not self._items:
+                    self._cond.wait()
+                out = self._items.popleft()
+            self._done = out.finished
+            yield out
+
+    def __aiter__(self):
+        return self._aiter()
+
+    async def _aiter(self):
+        loop, event = asyncio.get_running_loop(), asyncio.Event()
+        with self._cond:
+            self._waiters.append((loop, event))
+        try:
+            while not self._done:
+                out = self._pop()
+                if out is None:
+                    await event.wait()
+                    event.clear()
+                    continue
+                self._done = out.finished
+                yield out
+        finally:
+            with self._cond:
+                self._waiters.remove((loop, event))
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: OutputStream
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    # KV state: positions [0, kv_len) are computed; pages[i] holds positions [i*P, (i+1)*P)
+    kv_len: int = 0
+    pages: list[int] = field(default_factory=list)
+    page_row: int = -1                     # row in RequestPageTable while running
+    tree_node: Any = None                  # locked radix node covering positions [0, tree_len)
+    tree_len: int = 0
+    cached_tokens: int = 0                 # prompt tokens served from the radix cache (first admission)
+    first_admitted: bool = False
+    generator: Any = None                  # torch.Generator when seeded
+    detok: Any = None                      # IncrementalDetokenizer
+    finish_reason: Optional[str] = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    token_ids: list[int] = field(default_factory=list)   # prompt then outputs
+
+    def __post_init__(self):
+        self.token_ids = list(self.prompt_ids) + list(self.output_ids)
+
+    def append_token(self, token_id: int) -> None:
+        self.output_ids.append(token_id)
+        self.token_ids.append(token_id)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)

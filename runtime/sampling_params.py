@@ -1,0 +1,79 @@
+"""Sampling parameters, validated once at submit time."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1                      # -1 or 0: disabled
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: Optional[int] = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: Optional[int] = None       # number of top alternatives; 0 = only the sampled token
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: Optional[int] = None) -> None:
+        """Raise ValueError naming the first bad field."""
+        def fail(name: str, msg: str):
+            raise ValueError(f"{name}: {msg}")
+
+        def is_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
+            fail("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not is_int(self.min_tokens) or self.min_tokens < 0:
+            fail("min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            fail("min_tokens", f"must not exceed max_tokens ({self.min_tokens} > {self.max_tokens})")
+        if not 0.0 <= self.temperature <= 100.0:
+            fail("temperature", f"must be in [0, 100], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            fail("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not is_int(self.top_k) or self.top_k < -1:
+            fail("top_k", f"must be -1 (disabled) or a positive integer, got {self.top_k!r}")
+        if not 0.0 <= self.min_p <= 1.0:
+            fail("min_p", f"must be in [0, 1], got {self.min_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                fail(name, f"must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            fail("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty}")
+        if self.seed is not None and not is_int(self.seed):
+            fail("seed", f"must be an integer, got {self.seed!r}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            fail("stop", "must be non-empty strings")
+        if len(self.stop) > 16:
+            fail("stop", "at most 16 stop strings")
+        for t in self.stop_token_ids:
+            if not is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
+                fail("stop_token_ids", f"{t!r} is not a token id of this model")
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
