@@ -1,0 +1,1 @@
+"""Command line and (later) the OpenAI-compatible HTTP server."""

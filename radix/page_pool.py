@@ -36,7 +36,7 @@ class KVPagePool:
             raise OutOfPagesError(f"asked for {n} pages, {len(self._free)} free")
         if n == 0:
             return []
-        pages = self._free[-n:]
+        pages = self._free[-n:][::-1]  # ascending: a fresh prompt gets neighbouring pages
         del self._free[-n:]
         self._is_free[pages] = False
         return pages

@@ -12,7 +12,7 @@ class EngineConfig:
     model: Optional[str] = None          # GGUF file or HF directory; None = embedded default
     device: str = "auto"                 # auto | cpu | cuda
     dtype: str = "auto"                  # auto | float32 | bfloat16
-    page_size: int = 1
+    page_size: int = 16
     kv_cache_tokens: Optional[int] = None
     mem_fraction: float = 0.3            # of free memory, when kv_cache_tokens is not given
     max_running_requests: int = 64

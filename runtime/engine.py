@@ -67,14 +67,14 @@ class Engine:
         num_tokens = kv_cache_tokens(config, mc, self.dtype, self.device)
         p = config.page_size
         self.pool = KVPagePool(num_tokens // p, p)
-        self.kv_cache = KVCache(mc.num_layers, self.pool.num_slots, mc.num_kv_heads, mc.head_dim,
+        self.kv_cache = KVCache(mc.num_layers, self.pool.num_pages, p, mc.num_kv_heads, mc.head_dim,
                                 self.dtype, self.device)
         pages_per_req = -(-mc.max_context_len // p)
         table = RequestPageTable(config.max_running_requests, pages_per_req, self.device)
         self.kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache)
         self.scheduler = Scheduler(config, self.kv)
         attention = make_attention_backend(config.attention_backend, self.kv_cache, mc.head_dim)
-        self.runner = ModelRunner(self.model, attention, table, p, self.device)
+        self.runner = ModelRunner(self.model, attention, table, p, self.kv_cache.pad_page, self.device)
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, seed=config.seed)
 
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()

@@ -23,8 +23,8 @@ class ForwardBatch:
     positions: torch.Tensor                 # [T]
     out_slots: torch.Tensor                 # [T] where each new token's K/V is written
     num_decode: int
-    decode_slots: Optional[torch.Tensor]    # [num_decode, max_len] context slots (padded)
-    decode_mask: Optional[torch.Tensor]     # [num_decode, 1, 1, max_len] True = attend; None = no padding
+    decode_pages: Optional[torch.Tensor]    # [num_decode, max_pages] page table rows (padded)
+    decode_mask: Optional[torch.Tensor]     # [num_decode, 1, 1, max_pages * page_size] True = attend
     extends: list[ExtendSegment] = field(default_factory=list)
     sample_rows: Optional[torch.Tensor] = None  # rows whose logits are needed
 

@@ -11,7 +11,8 @@ from runtime.scheduler import ScheduledBatch
 
 class ModelRunner:
     def __init__(self, model, attention: AttentionBackend, page_table: RequestPageTable, page_size: int,
-                 device: torch.device):
+                 pad_page: int, device: torch.device):
+        self.pad_page = pad_page
         self.model = model
         self.attention = attention
         self.table = page_table.table
@@ -53,21 +54,22 @@ class ModelRunner:
             if item.samples:
                 sample_rows.append(start + n - 1)
 
-        decode_slots = decode_mask = None
+        decode_pages = decode_mask = None
         if batch.decodes:
-            lens = [it.req.kv_len + 1 for it in batch.decodes]
+            lens = torch.tensor([it.req.kv_len + 1 for it in batch.decodes], device=self.device)
             rows = torch.tensor([it.req.page_row for it in batch.decodes], device=self.device)
-            max_len = max(lens)
-            decode_slots = self._slots(rows, max_len)
-            if min(lens) != max_len:
-                lens_t = torch.tensor(lens, device=self.device)
-                decode_mask = (torch.arange(max_len, device=self.device) < lens_t.unsqueeze(1))[:, None, None, :]
+            n_pages = -(-int(lens.max()) // p)
+            decode_pages = self.table[rows, :n_pages]
+            # pages past a request's end read the zeroed padding page, never a stale one
+            page_used = torch.arange(n_pages, device=self.device) * p < lens.unsqueeze(1)
+            decode_pages = decode_pages.masked_fill(~page_used, self.pad_page)
+            decode_mask = (torch.arange(n_pages * p, device=self.device) < lens.unsqueeze(1))[:, None, None, :]
 
         def t(xs):
             return torch.tensor(xs, dtype=torch.long, device=self.device)
 
         return ForwardBatch(input_ids=t(ids), positions=t(positions), out_slots=t(out_slots),
-                            num_decode=len(batch.decodes), decode_slots=decode_slots, decode_mask=decode_mask,
+                            num_decode=len(batch.decodes), decode_pages=decode_pages, decode_mask=decode_mask,
                             extends=extends, sample_rows=t(sample_rows))
 
     def forward(self, batch: ScheduledBatch) -> torch.Tensor:

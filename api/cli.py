@@ -1,0 +1,106 @@
+"""`radixserve` command line: engine flags shared by every subcommand."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from dataclasses import fields
+
+from runtime.config import SCHEDULE_POLICIES, EngineConfig
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
+    p.add_argument("--kv-cache-tokens", type=int, default=None, help="KV pool size in tokens")
+    p.add_argument("--mem-fraction", type=float, default=d.mem_fraction, help="KV pool as a share of free memory")
+    p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+    p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
+    p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
+    p.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests)
+    p.add_argument("--schedule-policy", default=d.schedule_policy, choices=SCHEDULE_POLICIES)
+    p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "torch"])
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    names = {f.name for f in fields(EngineConfig)}
+    return EngineConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixserve", description="LLM serving runtime with a radix prefix cache")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate a reply to one prompt and stream it to stdout")
+    g.add_argument("prompt")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--system", default=None, help="system message (with --chat)")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--sampling-seed", type=int, default=None, help="seed of this request's sampling")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_engine_args(g)
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from runtime.engine import Engine
+    from runtime.sampling_params import SamplingParams
+
+    t0 = time.monotonic()
+    engine = Engine(engine_config(args))
+    log = logging.getLogger("radixserve")
+    log.info("model %s on %s (%s), KV cache %d tokens, loaded in %.1f s", engine.model_name, engine.device,
+             str(engine.dtype).replace("torch.", ""), engine.kv_capacity_tokens, time.monotonic() - t0)
+    try:
+        prompt = args.prompt
+        if args.chat:
+            messages = [{"role": "system", "content": args.system}] if args.system else []
+            prompt = engine.tokenizer.apply_chat_template(messages + [{"role": "user", "content": prompt}])
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.sampling_seed, stop=args.stop)
+        stream = engine.submit(prompt, params)
+        t1 = time.monotonic()
+        last = None
+        for out in stream:
+            sys.stdout.write(out.text)
+            sys.stdout.flush()
+            last = out
+        sys.stdout.write("\n")
+        elapsed = time.monotonic() - t1
+        if last.error:
+            raise RuntimeError(last.error)
+        log.info("%d tokens in %.2f s (%.1f tok/s), finish reason %s", last.completion_tokens, elapsed,
+                 last.completion_tokens / max(elapsed, 1e-9), last.finish_reason)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    from runtime.models.loader import ModelLoadError
+
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+    except (ModelLoadError, ValueError) as e:
+        print(f"radixserve: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

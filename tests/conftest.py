@@ -1,0 +1,50 @@
+"""Shared fixtures: the real default model is read once per session; every engine a test builds is
+checked for the KV page invariant and drained of cached pages when the test ends."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from runtime.config import EngineConfig  # noqa: E402
+from runtime.engine import Engine  # noqa: E402
+from runtime.models.loader import load_model_files  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def default_model_files():
+    return load_model_files(None)
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer(default_model_files):
+    return default_model_files.tokenizer
+
+
+def assert_all_pages_free(engine: Engine) -> None:
+    engine.check_idle_invariant()
+    engine.flush_cache()
+    assert engine.pool.num_free == engine.pool.num_pages, "KV pages leaked"
+
+
+@pytest.fixture
+def make_engine(default_model_files):
+    """Build engines on the default model (float32 unless asked otherwise); checked and shut down after."""
+    engines: list[Engine] = []
+
+    def build(files=None, **overrides) -> Engine:
+        cfg = dict(dtype="float32", kv_cache_tokens=8192, max_running_requests=16)
+        cfg.update(overrides)
+        engine = Engine(EngineConfig(**cfg), model_files=files or default_model_files)
+        engines.append(engine)
+        return engine
+
+    yield build
+    for engine in engines:
+        try:
+            assert_all_pages_free(engine)
+        finally:
+            engine.shutdown()
