@@ -171,7 +171,6 @@ class Engine:
 
     # ---- the loop -------------------------------------------------------------
     def _loop(self) -> None:
-        torch.set_grad_enabled(False)
         while not self._stop.is_set():
             self._drain_inbox(block=not self.scheduler.has_work())
             if self._stop.is_set():
@@ -217,6 +216,7 @@ class Engine:
             elif kind == "stop":
                 return
 
+    @torch.inference_mode()
     def _step(self, batch: ScheduledBatch) -> None:
         logits = self.runner.forward(batch)
         sampling = [it.req for it in batch.items if it.samples]

@@ -1,0 +1,73 @@
+"""Greedy output of the real default model is the same whatever the batching and caching do.
+
+float32, so that the only differences are summation order; 8 prompts sharing long prefixes.
+"""
+from __future__ import annotations
+
+import pytest
+
+from runtime.sampling_params import SamplingParams
+
+SYSTEM = ("You are a meticulous assistant for a travel agency. Answer in one short paragraph, "
+          "name concrete places, and never invent prices. ")
+QUESTIONS = ["Where should I go in Portugal in May?", "What is a good day trip from Kyoto?",
+             "Which Greek island is quiet in October?", "Plan one evening in Vienna.",
+             "Is Iceland worth visiting in winter?", "Best museum in Madrid for a rainy day?",
+             "Where can I hike near Vancouver?", "Suggest a food market in Istanbul."]
+NEW_TOKENS = 48
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(default_tokenizer):
+    chats = [default_tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM * 2},
+                                                   {"role": "user", "content": q}]) for q in QUESTIONS]
+    # two of them share an even longer prefix
+    chats[1] = chats[0] + " Also, " + QUESTIONS[1]
+    return [default_tokenizer.encode(c) for c in chats]
+
+
+@pytest.fixture(scope="module")
+def reference(prompts, default_model_files):
+    """One request at a time, radix cache off, no chunking, page size 1."""
+    from tests.conftest import assert_all_pages_free
+    from runtime.config import EngineConfig
+    from runtime.engine import Engine
+
+    engine = Engine(EngineConfig(dtype="float32", kv_cache_tokens=4096, page_size=1, disable_radix_cache=True,
+                                 chunked_prefill_size=4096, max_batched_tokens=4096),
+                    model_files=default_model_files)
+    try:
+        outs = [engine.generate(p, GREEDY)[0].token_ids for p in prompts]
+        assert_all_pages_free(engine)
+    finally:
+        engine.shutdown()
+    assert all(len(o) == NEW_TOKENS for o in outs)
+    return outs
+
+
+def batched(engine, prompts):
+    return [r.token_ids for r in engine.generate(prompts, GREEDY)]
+
+
+def test_batched_equals_one_by_one(make_engine, prompts, reference):
+    engine = make_engine(page_size=1, disable_radix_cache=True)
+    assert batched(engine, prompts) == reference
+
+
+def test_radix_cache_on_equals_off(make_engine, prompts, reference):
+    engine = make_engine(page_size=1)
+    first = batched(engine, prompts)
+    second = batched(engine, prompts)   # now mostly served from the tree
+    assert first == reference and second == reference
+
+
+def test_chunked_prefill_of_seven_tokens_equals_unchunked(make_engine, prompts, reference):
+    engine = make_engine(page_size=1, chunked_prefill_size=7, max_batched_tokens=64)
+    assert batched(engine, prompts) == reference
+
+
+def test_page_size_16_equals_page_size_1(make_engine, prompts, reference):
+    engine = make_engine(page_size=16)
+    assert batched(engine, prompts) == reference
+    assert batched(engine, prompts) == reference

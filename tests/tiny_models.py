@@ -1,0 +1,43 @@
+"""Tiny random-weight models of each supported architecture, saved the way Hugging Face saves them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 49152  # the default model's tokenizer, so the directories are complete models
+
+
+def tiny_config(arch: str):
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False)
+    if arch == "llama":
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+        return tf.LlamaConfig(**common, rope_parameters=rope)
+    if arch == "llama_tied":
+        return tf.LlamaConfig(**{**common, "tie_word_embeddings": True}, rope_theta=50000.0)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**common, rope_theta=1000000.0)
+    if arch == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=32, rope_theta=1000000.0)  # head_dim != hidden / heads
+    raise ValueError(arch)
+
+
+def build_tiny_model(arch: str, directory: Path, tokenizer, seed: int = 0):
+    """Save a random model of `arch` (with the given tokenizer) to `directory`; return the HF model."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(arch)
+    model = tf.AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():  # larger than default init, so the logits differ enough to catch mistakes
+        for p in model.parameters():
+            p.normal_(0.0, 0.08) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save(directory)
+    return model
