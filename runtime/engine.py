@@ -58,32 +58,51 @@ class Engine:
         files = model_files or load_model_files(config.model)
         self.model_name = files.name
         self.tokenizer = files.tokenizer
-        self.model_config = mc = files.config
+        self.model_config = files.config
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
-        self.model = LlamaForCausalLM(mc, files.weights, self.dtype, self.device)
-        self.eos_token_ids = sorted(set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids))
-
-        num_tokens = kv_cache_tokens(config, mc, self.dtype, self.device)
-        p = config.page_size
-        self.pool = KVPagePool(num_tokens // p, p)
-        self.kv_cache = KVCache(mc.num_layers, self.pool.num_pages, p, mc.num_kv_heads, mc.head_dim,
-                                self.dtype, self.device)
-        pages_per_req = -(-mc.max_context_len // p)
-        table = RequestPageTable(config.max_running_requests, pages_per_req, self.device)
-        self.kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache)
-        self.scheduler = Scheduler(config, self.kv)
-        attention = make_attention_backend(config.attention_backend, self.kv_cache, mc.head_dim)
-        self.runner = ModelRunner(self.model, attention, table, p, self.kv_cache.pad_page, self.device)
-        self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, seed=config.seed)
+        self.eos_token_ids = sorted(set(files.config.eos_token_ids) | set(self.tokenizer.eos_token_ids))
 
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}    # submitted and not yet finished (guarded by _lock)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.steps = 0
-        self._thread = threading.Thread(target=self._loop, name="radixserve-engine", daemon=True)
+        # The loop thread builds the model as well as running it: a second thread doing torch work
+        # gets its own OpenMP team, and two teams on these few cores make every step ~1.6x slower.
+        ready = threading.Event()
+        failure: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(files, ready, failure),
+                                        name="radixserve-engine", daemon=True)
         self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            raise failure[0]
+
+    def _build(self, files: ModelFiles) -> None:
+        config, mc, p = self.config, files.config, self.config.page_size
+        self.model = LlamaForCausalLM(mc, files.weights, self.dtype, self.device)
+        num_tokens = kv_cache_tokens(config, mc, self.dtype, self.device)
+        self.pool = KVPagePool(num_tokens // p, p)
+        self.kv_cache = KVCache(mc.num_layers, self.pool.num_pages, p, mc.num_kv_heads, mc.head_dim,
+                                self.dtype, self.device)
+        table = RequestPageTable(config.max_running_requests, -(-mc.max_context_len // p), self.device)
+        self.kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache)
+        self.scheduler = Scheduler(config, self.kv)
+        attention = make_attention_backend(config.attention_backend, self.kv_cache, mc.head_dim)
+        self.runner = ModelRunner(self.model, attention, table, p, self.kv_cache.pad_page, self.device)
+        self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, seed=config.seed)
+
+    def _run(self, files: ModelFiles, ready: threading.Event, failure: list) -> None:
+        try:
+            self._build(files)
+        except BaseException as e:  # reported to the constructor's caller
+            failure.append(e)
+            ready.set()
+            return
+        ready.set()
+        self._loop()
 
     @property
     def kv_capacity_tokens(self) -> int:
