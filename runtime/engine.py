@@ -82,7 +82,7 @@ class Engine:
 
     def _build(self, files: ModelFiles) -> None:
         config, mc, p = self.config, files.config, self.config.page_size
-        self.model = LlamaForCausalLM(mc, files.weights, self.dtype, self.device)
+        self.model = LlamaForCausalLM(mc, files.weights, self.dtype, self.device, files.int4)
         num_tokens = kv_cache_tokens(config, mc, self.dtype, self.device)
         self.pool = KVPagePool(num_tokens // p, p)
         self.kv_cache = KVCache(mc.num_layers, self.pool.num_pages, p, mc.num_kv_heads, mc.head_dim,

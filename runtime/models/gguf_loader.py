@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from runtime.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
-from runtime.models.loader import ModelFiles, ModelLoadError
+from runtime.models.loader import Int4Weight, ModelFiles, ModelLoadError
 from runtime.tokenizer import Tokenizer
 
 _LAYER_NAMES = {
@@ -44,6 +44,20 @@ def unpermute_rope(w: np.ndarray, heads: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (interleaved RoPE pairs -> rotate-half halves)."""
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def int4_from_blocks(data: np.ndarray, kind: str, rows: int, cols: int) -> Int4Weight:
+    """Q4_0 / Q4_1 blocks of 32 -> (q, scale, zero) with w = (q - 8) * scale + zero, exactly."""
+    block = 18 if kind == "Q4_0" else 20
+    b = np.ascontiguousarray(data).reshape(rows, cols // 32, block)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if kind == "Q4_0":           # w = d * (q - 8)
+        zero, qs = np.zeros_like(d), b[..., 2:]
+    else:                        # w = d * q + m = (q - 8) * d + (m + 8 d)
+        m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        zero, qs = m + 8 * d, b[..., 4:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
+    return Int4Weight(q.astype(np.uint8), d, zero, 32)
 
 
 def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> ModelConfig:
@@ -87,6 +101,7 @@ def load_gguf(path: Path, name: str) -> ModelFiles:
         factors = dequantize(tensors["rope_freqs.weight"].data, tensors["rope_freqs.weight"].tensor_type)
         config.rope_scaling = {"rope_type": "factors", "factors": np.asarray(factors).reshape(-1).tolist()}
     weights: dict[str, torch.Tensor] = {}
+    int4: dict[str, Int4Weight] = {}
     try:
         for gname, t in tensors.items():
             hname = hf_name(gname)
@@ -94,12 +109,22 @@ def load_gguf(path: Path, name: str) -> ModelFiles:
                 continue
             w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
             w = w.reshape([int(d) for d in reversed(t.shape)])
+            q4 = None
+            if t.tensor_type.name in ("Q4_0", "Q4_1") and w.ndim == 2:
+                q4 = int4_from_blocks(t.data, t.tensor_type.name, *w.shape)
+            heads = None
             if config.model_type in ("llama", "mistral"):
                 if gname.endswith("attn_q.weight") or gname.endswith("attn_q.bias"):
-                    w = unpermute_rope(w, config.num_heads)
+                    heads = config.num_heads
                 elif gname.endswith("attn_k.weight") or gname.endswith("attn_k.bias"):
-                    w = unpermute_rope(w, config.num_kv_heads)
+                    heads = config.num_kv_heads
+            if heads:
+                w = unpermute_rope(w, heads)
+                if q4 is not None:
+                    q4 = Int4Weight(*(unpermute_rope(a, heads) for a in (q4.q, q4.scale, q4.zero)), q4.group)
             weights[hname] = torch.from_numpy(w if w.flags.writeable else w.copy())
+            if q4 is not None:
+                int4[hname] = q4
     except (ValueError, NotImplementedError) as e:
         raise ModelLoadError(f"cannot dequantise {path.name}: {e}") from None
-    return ModelFiles(name, config, weights, Tokenizer.from_gguf_fields(fields))
+    return ModelFiles(name, config, weights, Tokenizer.from_gguf_fields(fields), int4)

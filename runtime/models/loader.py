@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 
 from runtime.models.config import ModelConfig, UnsupportedModelError
@@ -22,11 +23,21 @@ class ModelLoadError(RuntimeError):
 
 
 @dataclass
+class Int4Weight:
+    """A 4-bit weight in groups along the input dim: w = (q - 8) * scale + zero."""
+    q: np.ndarray       # [out, in] uint8 in 0..15
+    scale: np.ndarray   # [out, in / group] float32
+    zero: np.ndarray    # [out, in / group] float32
+    group: int
+
+
+@dataclass
 class ModelFiles:
     name: str
     config: ModelConfig
     weights: dict[str, torch.Tensor]   # Hugging Face parameter names, float tensors on CPU
     tokenizer: Tokenizer
+    int4: dict[str, Int4Weight] = field(default_factory=dict)  # exact 4-bit form of Q4_0/Q4_1 GGUF weights
 
 
 def default_model_path() -> Path:

@@ -1,0 +1,24 @@
+"""The 4-bit form kept from Q4 GGUF weights is the same weight as the dequantised one."""
+import numpy as np
+import torch
+
+from runtime.models.llama import Linear, pack_int4
+
+
+def test_int4_form_reconstructs_dequantised_weights(default_model_files):
+    files = default_model_files
+    assert files.int4, "the default model's Q4_1 weights should keep their 4-bit form"
+    for name in ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                 "model.layers.29.mlp.down_proj.weight"]:
+        w4 = files.int4[name]
+        rebuilt = (w4.q.astype(np.float32) - 8) * np.repeat(w4.scale, w4.group, 1) + np.repeat(w4.zero, w4.group, 1)
+        np.testing.assert_allclose(rebuilt, files.weights[name].numpy(), atol=1e-6)
+
+
+def test_int4_matmul_matches_bf16_matmul_on_real_weights(default_model_files):
+    files = default_model_files
+    name = "model.layers.3.mlp.gate_proj.weight"
+    w = files.weights[name].bfloat16()
+    lin = Linear(w, int4=pack_int4([files.int4[name]]))
+    x = torch.randn(2, w.shape[1]).bfloat16()
+    torch.testing.assert_close(lin(x).float(), torch.nn.functional.linear(x, w).float(), atol=0.05, rtol=0.02)
