@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 import traceback
 import uuid
 from dataclasses import dataclass

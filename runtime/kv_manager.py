@@ -5,13 +5,9 @@ so the accounting invariant (free + tree + held == total) has one owner.
 """
 from __future__ import annotations
 
-import logging
-
 from radix import KVPagePool, RadixCache, RequestPageTable
 from radix.page_pool import OutOfPagesError
 from runtime.request import Request
-
-log = logging.getLogger("radixserve.kv")
 
 
 class KVManager:

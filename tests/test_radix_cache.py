@@ -1,5 +1,4 @@
 """RadixCache against a naive reference: a dict from cached token tuples to their slots."""
-import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
