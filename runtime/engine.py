@@ -39,6 +39,19 @@ class EngineOverloadedError(RuntimeError):
 
 
 @dataclass
+class EngineStats:
+    """A snapshot of the engine's load and totals since start-up, for `/metrics`."""
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float           # share of KV pages held by running requests or the tree
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    prompt_tokens: int
+    generation_tokens: int
+    preemptions: int
+
+
+@dataclass
 class CompletionResult:
     """A whole finished request, as `generate` returns it."""
     request_id: str
@@ -67,6 +80,7 @@ class Engine:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.steps = 0
+        self.generation_tokens = 0
         if self.device.type == "cpu":
             retain_freed_memory()  # before the loop thread exists, so that it shares the main arena
         # The loop thread builds the model as well as running it: a second thread doing torch work
@@ -117,6 +131,8 @@ class Engine:
             raise RuntimeError("engine is shut down")
         params = params or SamplingParams()
         params.validate(self.model_config.vocab_size)
+        if params.constraint is not None:
+            raise ValueError("constraint: structured output is not wired into the engine yet")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_prompt(ids, params)
         rid = request_id or uuid.uuid4().hex
@@ -149,6 +165,17 @@ class Engine:
         if len(ids) + params.max_tokens > self.kv_capacity_tokens:
             raise ValueError(f"max_tokens: prompt + max_tokens ({len(ids) + params.max_tokens}) exceeds the KV "
                              f"cache of {self.kv_capacity_tokens} tokens")
+
+    def stats(self) -> EngineStats:
+        """Thread-safe enough for metrics: every field is one read of an int the loop updates."""
+        sched, pool = self.scheduler, self.pool
+        return EngineStats(
+            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            kv_cache_usage=1.0 - pool.num_free / pool.num_pages,
+            prefix_cache_queried_tokens=sched.stats.prompt_tokens,
+            prefix_cache_hit_tokens=sched.stats.cache_hit_tokens,
+            prompt_tokens=sched.stats.prompt_tokens, generation_tokens=self.generation_tokens,
+            preemptions=sched.stats.preemptions)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -252,6 +279,7 @@ class Engine:
     def _commit(self, req: Request, token: int, logprob) -> None:
         p = req.params
         req.append_token(token)
+        self.generation_tokens += 1
         if logprob is not None:
             req.logprobs.append(logprob)
         n_out = len(req.output_ids)

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from grammar.spec import GrammarSpec
+
 MAX_TOP_LOGPROBS = 20
 
 
@@ -24,6 +26,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: Optional[int] = None       # number of top alternatives; 0 = only the sampled token
     skip_special_tokens: bool = True
+    constraint: Optional[GrammarSpec] = None  # structured output: the text must follow this grammar
 
     def __post_init__(self):
         if isinstance(self.stop, str):

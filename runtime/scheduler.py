@@ -37,9 +37,10 @@ class ScheduledBatch:
 
 @dataclass
 class SchedulerStats:
+    """Running totals since start-up (read by the metrics endpoint)."""
     preemptions: int = 0
-    cache_hit_tokens: int = 0
-    prompt_tokens: int = 0
+    cache_hit_tokens: int = 0     # prompt tokens served from the radix cache on first admission
+    prompt_tokens: int = 0        # prompt tokens of admitted requests (= prefix-cache queried tokens)
 
 
 class Scheduler:
