@@ -1,0 +1,32 @@
+"""Structured output: grammar specs, backends (xgrammar, outlines-core) behind one interface,
+the off-thread compiler with its cache, and per-request matchers that fill bitmask rows.
+
+Backends are imported on demand: importing this package (the runtime's tokenizer does, for
+VocabInfo) does not load xgrammar or outlines-core.
+"""
+from __future__ import annotations
+
+from grammar.backend import GrammarBackend, GrammarMatcher
+from grammar.compiler import CompileHandle, GrammarCompiler
+from grammar.spec import GRAMMAR_KINDS, GrammarError, GrammarSpec, StructuralTag, StructuralTagSpec
+from grammar.vocab import VocabInfo, VocabType
+
+GRAMMAR_BACKENDS = ("xgrammar", "outlines-core")
+
+
+def make_grammar_backend(name: str, vocab: VocabInfo) -> GrammarBackend:
+    """The backend called `name` ("xgrammar" or "outlines-core") over `vocab`."""
+    if name == "xgrammar":
+        from grammar.xgrammar_backend import XGrammarBackend
+        return XGrammarBackend(vocab)
+    if name == "outlines-core":
+        from grammar.outlines_backend import OutlinesCoreBackend
+        return OutlinesCoreBackend(vocab)
+    raise ValueError(f"unknown grammar backend {name!r} (choose from: {', '.join(GRAMMAR_BACKENDS)})")
+
+
+__all__ = [
+    "GRAMMAR_BACKENDS", "GRAMMAR_KINDS", "CompileHandle", "GrammarBackend", "GrammarCompiler",
+    "GrammarError", "GrammarMatcher", "GrammarSpec", "StructuralTag", "StructuralTagSpec",
+    "VocabInfo", "VocabType", "make_grammar_backend",
+]

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")
+GRAMMAR_BACKENDS = ("xgrammar", "outlines-core")
 
 
 @dataclass
@@ -22,6 +23,8 @@ class EngineConfig:
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
     attention_backend: str = "auto"      # auto | torch
+    grammar_backend: str = "xgrammar"    # xgrammar | outlines-core
+    grammar_compile_timeout: float = 30.0  # seconds
     seed: int = 0
     log_level: str = "info"
 
@@ -43,5 +46,9 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule-policy must be one of {', '.join(SCHEDULE_POLICIES)}")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar-backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}")
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError("grammar-compile-timeout must be > 0 seconds")
         if self.attention_backend not in ("auto", "torch"):
             raise ValueError("attention-backend must be auto or torch (triton is not built yet)")

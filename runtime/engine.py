@@ -28,6 +28,7 @@ from runtime.request import OutputStream, Request, RequestOutput, RequestStatus
 from runtime.sampler import Sampler
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import ScheduledBatch, Scheduler
+from runtime.structured_output import StructuredOutput
 
 log = logging.getLogger("radixserve.engine")
 
@@ -75,6 +76,10 @@ class Engine:
         self.dtype = pick_dtype(config.dtype, self.device)
         self.eos_token_ids = sorted(set(files.config.eos_token_ids) | set(self.tokenizer.eos_token_ids))
 
+        self.structured = StructuredOutput(config.grammar_backend, self.tokenizer, files.config.vocab_size,
+                                           self.eos_token_ids, config.max_running_requests,
+                                           config.grammar_compile_timeout)
+        self._grammar_pending: list[Request] = []  # engine thread only: waiting for their grammar
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}    # submitted and not yet finished (guarded by _lock)
         self._lock = threading.Lock()
@@ -131,8 +136,6 @@ class Engine:
             raise RuntimeError("engine is shut down")
         params = params or SamplingParams()
         params.validate(self.model_config.vocab_size)
-        if params.constraint is not None:
-            raise ValueError("constraint: structured output is not wired into the engine yet")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_prompt(ids, params)
         rid = request_id or uuid.uuid4().hex
@@ -141,10 +144,14 @@ class Engine:
         if params.seed is not None:
             req.generator = torch.Generator().manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens)
+        if params.constraint is not None:
+            self.structured.start(req)  # an unsupported kind raises here; compile errors arrive later
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"request_id {rid!r} is already in use")
             if len(self._requests) >= self.config.max_waiting_requests + self.config.max_running_requests:
+                if req.grammar is not None:
+                    req.grammar.cancel()
                 raise EngineOverloadedError("server overloaded: too many requests waiting")
             self._requests[rid] = req
         self._inbox.put(("add", req))
@@ -209,6 +216,7 @@ class Engine:
         self._stop.set()
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
+        self.structured.shutdown()
 
     def __enter__(self):
         return self
@@ -219,9 +227,13 @@ class Engine:
     # ---- the loop -------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain_inbox(block=not self.scheduler.has_work())
+            idle = not self.scheduler.has_work()
+            # while grammars compile, wake up often to see whether they are ready
+            self._drain_inbox(timeout=(0.005 if self._grammar_pending else 0.5) if idle else None)
             if self._stop.is_set():
                 break
+            if self._grammar_pending:
+                self._admit_compiled()
             batch = self.scheduler.schedule()
             if batch is None:
                 continue
@@ -231,19 +243,31 @@ class Engine:
                 log.error("engine step failed: %s\n%s", e, traceback.format_exc())
                 for item in batch.items:
                     if not item.req.is_finished:
-                        self._finish(item.req, "error", error=f"internal error: {e}", cache=False)
-        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+                        self._finish(item.req, "error", error=f"internal error: {e}", error_kind="internal",
+                                     cache=False)
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting) + self._grammar_pending:
             self._finish(req, "abort", cache=False)
 
-    def _drain_inbox(self, block: bool) -> None:
+    def _admit_compiled(self) -> None:
+        ready, failed = self.structured.poll(self._grammar_pending)
+        for req in ready:
+            self.scheduler.add(req)
+        for req, message in failed:
+            self._finish(req, "error", error=message, error_kind="invalid_request", cache=False)
+
+    def _drain_inbox(self, timeout: Optional[float]) -> None:
+        """Handle every queued message; wait up to `timeout` seconds for the first (None: no wait)."""
         while True:
             try:
-                kind, arg = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+                kind, arg = self._inbox.get(timeout=timeout) if timeout else self._inbox.get_nowait()
             except queue.Empty:
                 return
-            block = False
+            timeout = None
             if kind == "add":
-                self.scheduler.add(arg)
+                if arg.grammar is not None:
+                    self._grammar_pending.append(arg)
+                else:
+                    self.scheduler.add(arg)
             elif kind == "abort":
                 with self._lock:
                     req = self._requests.get(arg)
@@ -267,6 +291,7 @@ class Engine:
     def _step(self, batch: ScheduledBatch) -> None:
         logits = self.runner.forward(batch)
         sampling = [it.req for it in batch.items if it.samples]
+        self.structured.apply(logits, sampling)
         tokens, logprobs = self.sampler.sample(logits, sampling) if sampling else ([], [])
         self.steps += 1
         for item in batch.items:
@@ -284,6 +309,14 @@ class Engine:
             req.logprobs.append(logprob)
         n_out = len(req.output_ids)
         reason = None
+        if req.matcher is not None:
+            if not req.matcher.accept_token(token):
+                self._finish(req, "error", error=f"internal error: the grammar rejected token {token}",
+                             error_kind="internal")
+                return
+            if req.matcher.is_terminated():  # only a stop token ends a grammar: no text to add
+                self._finish(req, "stop", token=token, logprob=logprob)
+                return
         hit_stop_id = (token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids))
         if hit_stop_id and n_out >= p.min_tokens:
             reason = "stop"
@@ -304,8 +337,13 @@ class Engine:
                                      cached_tokens=req.cached_tokens))
 
     def _finish(self, req: Request, reason: str, token: Optional[int] = None, logprob=None,
-                error: Optional[str] = None, cache: bool = True) -> None:
+                error: Optional[str] = None, error_kind: Optional[str] = None, cache: bool = True) -> None:
         req.finish_reason = reason
+        if req.grammar is not None:
+            req.grammar.cancel()  # no-op once compiled; stops waiting for a compile in flight
+            if req in self._grammar_pending:
+                self._grammar_pending.remove(req)
+        req.grammar = req.matcher = None
         req.status = RequestStatus.ABORTED if reason in ("abort", "error") else RequestStatus.FINISHED
         self.scheduler.remove(req, cache=cache)
         with self._lock:
@@ -313,7 +351,7 @@ class Engine:
         text = req.detok.pop_delta(final=True) if reason != "error" else ""
         req.stream.put(RequestOutput(
             req.request_id, text, [token] if token is not None else [], [logprob] if logprob else [],
-            finish_reason=reason, error=error, prompt_tokens=len(req.prompt_ids),
+            finish_reason=reason, error=error, error_kind=error_kind, prompt_tokens=len(req.prompt_ids),
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens))
 
 

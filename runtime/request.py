@@ -35,6 +35,7 @@ class RequestOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: Optional[str] = None      # stop | length | abort | error
     error: Optional[str] = None
+    error_kind: Optional[str] = None         # "invalid_request" (e.g. a bad grammar) or "internal"
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -117,6 +118,8 @@ class Request:
     detok: Any = None                      # IncrementalDetokenizer
     finish_reason: Optional[str] = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    grammar: Any = None                    # grammar.CompileHandle while its grammar compiles
+    matcher: Any = None                    # grammar.GrammarMatcher once compiled
 
     token_ids: list[int] = field(default_factory=list)   # prompt then outputs
 

@@ -25,7 +25,7 @@ class Sampler:
             p = r.params
             if p.needs_penalties:
                 self._apply_penalties(logits[i], r)
-            if len(r.output_ids) < p.min_tokens:
+            if len(r.output_ids) < p.min_tokens and r.matcher is None:  # a grammar decides where it ends
                 banned = p.stop_token_ids + ([] if p.ignore_eos else self.eos_token_ids)
                 if banned:
                     logits[i, banned] = float("-inf")

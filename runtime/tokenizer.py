@@ -12,6 +12,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
+from grammar.vocab import VocabInfo, detect_vocab_type
+
 # Turn-ending tokens: chat models stop on these even where the file's eos id names another token.
 TURN_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>")
 
@@ -75,6 +77,20 @@ class Tokenizer:
                                          bos_token=bos, eos_token="", **extra)
         except jinja2.TemplateError as e:
             raise TokenizerError(f"chat template failed: {e}") from None
+
+    def vocab_info(self, model_vocab_size: Optional[int] = None, extra_stop_ids: tuple[int, ...] = ()) -> VocabInfo:
+        """What grammar backends need from this tokenizer. `model_vocab_size` is the logits width
+        (defaults to the tokenizer's size); `extra_stop_ids` adds stop ids (e.g. the config's eos)."""
+        tokens = [self.tok.id_to_token(i) for i in range(self.vocab_size)]
+        added = self.tok.get_added_tokens_decoder()
+        return VocabInfo(
+            tokens=tuple(tokens),
+            vocab_type=detect_vocab_type(tokens, repr(self.tok.decoder)),
+            stop_token_ids=tuple(sorted(set(self.eos_token_ids) | set(extra_stop_ids))),
+            model_vocab_size=model_vocab_size or self.vocab_size,
+            special_token_ids=frozenset(self.special_ids),
+            literal_token_ids=frozenset(i for i, t in added.items() if not t.special),
+        )
 
     def save(self, directory: str | Path) -> None:
         """Write tokenizer.json and tokenizer_config.json (used to build test model directories)."""

@@ -1,0 +1,97 @@
+"""Bitmask apply time on CPU: 32 rows x 49,152 logits (the default model's vocab), per mask shape
+and dtype, for our torch path, the unpack-and-masked_fill reference and xgrammar's own CPU apply.
+Prints a table (median of many runs, milliseconds); never asserts a time.
+
+Mask shapes: "sparse" rows allow a handful of tokens (a JSON key or a number); "dense" rows allow
+all but ~400 scattered tokens (inside a JSON string); "grammar" mixes both like a real batch;
+"random" sets each bit with p = 0.5 (the worst case for word-level tricks).
+
+    .venv/bin/python bench/bitmask.py [--rows 32] [--vocab 49152] [--threads 1] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from kernels.bitmask import apply_token_bitmask_reference, apply_token_bitmask_torch, pack_bitmask  # noqa: E402
+
+
+def make_masks(rows: int, vocab: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    sparse = torch.zeros(rows, vocab, dtype=torch.bool)
+    for r in range(rows):
+        sparse[r, torch.randint(0, vocab, (int(torch.randint(2, 30, (1,), generator=gen)),), generator=gen)] = True
+    dense = torch.ones(rows, vocab, dtype=torch.bool)
+    for r in range(rows):
+        dense[r, torch.randint(0, vocab, (400,), generator=gen)] = False
+    grammar = torch.where(torch.arange(rows).unsqueeze(1) % 3 == 0, dense, sparse)
+    random = torch.rand(rows, vocab, generator=gen) < 0.5
+    return {name: pack_bitmask(m) for name, m in
+            (("sparse", sparse), ("dense", dense), ("grammar", grammar), ("random", random))}
+
+
+def median_ms(fn, base: torch.Tensor, repeats: int) -> float:
+    logits = base.clone()
+    for _ in range(5):
+        fn(logits)
+    times = []
+    for _ in range(repeats):
+        logits.copy_(base)
+        start = time.perf_counter()
+        fn(logits)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2] * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--json", help="also write the numbers to this file")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        import xgrammar
+        xgr_apply = lambda x, m: xgrammar.apply_token_bitmask_inplace(x, m)  # noqa: E731
+    except ImportError:
+        xgr_apply = None
+
+    gen = torch.Generator().manual_seed(0)
+    masks = make_masks(args.rows, args.vocab, gen)
+    print(f"{args.rows} rows x {args.vocab} logits, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread(s); median ms of {args.repeats} runs")
+    print(f"{'mask':8} {'dtype':9} {'torch path':>11} {'reference':>10} {'xgrammar':>9}")
+    report = {"rows": args.rows, "vocab": args.vocab, "threads": torch.get_num_threads(),
+              "torch": torch.__version__, "median_ms": []}
+    for dtype in (torch.float32, torch.bfloat16):
+        base = torch.randn(args.rows, args.vocab, generator=gen).to(dtype)
+        for name, mask in masks.items():
+            ours = median_ms(lambda x: apply_token_bitmask_torch(x, mask), base, args.repeats)
+            ref = median_ms(lambda x: apply_token_bitmask_reference(x, mask), base, max(10, args.repeats // 20))
+            theirs = (median_ms(lambda x: xgr_apply(x, mask), base, max(10, args.repeats // 5))
+                      if xgr_apply else float("nan"))
+            dtype_name = str(dtype).removeprefix("torch.")
+            print(f"{name:8} {dtype_name:9} {ours:11.3f} {ref:10.3f} {theirs:9.3f}")
+            report["median_ms"].append({"mask": name, "dtype": dtype_name, "torch_path": round(ours, 4),
+                                        "reference": round(ref, 4), "xgrammar": round(theirs, 4)})
+    # what one full write of the logits costs: the floor for any in-place mask of sparse rows
+    base = torch.randn(args.rows, args.vocab, generator=gen)
+    fill = median_ms(lambda x: x.fill_(float("-inf")), base, args.repeats)
+    print(f"floor: logits.fill_(-inf) on the same tensor (fp32): {fill:.3f} ms")
+    report["fill_floor_ms"] = round(fill, 4)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

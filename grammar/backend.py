@@ -1,0 +1,91 @@
+"""The one interface every structured-output backend implements.
+
+Bitmask convention (xgrammar's): an int32 CPU tensor [rows, ceil(model_vocab / 32)]; bit j of word
+w set means token w * 32 + j is allowed. Stop tokens are allowed only where the grammar may end;
+padding ids (beyond the tokenizer) and control tokens are never allowed.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, Sequence
+
+import torch
+
+from grammar.spec import GrammarError, GrammarSpec
+from grammar.vocab import VocabInfo
+
+
+class GrammarMatcher(abc.ABC):
+    """One request's position in its grammar. Used from the engine thread only."""
+
+    @abc.abstractmethod
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the tokens allowed next into `bitmask[row]` (the whole row is overwritten)."""
+
+    @abc.abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) if the grammar rejects it. Accepting a
+        stop token where the grammar may end terminates the matcher."""
+
+    @abc.abstractmethod
+    def is_terminated(self) -> bool:
+        """True once a stop token has been accepted: nothing more may follow."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Back to the start of the grammar."""
+
+
+class GrammarBackend(abc.ABC):
+    """Compiles specs against one vocabulary and makes matchers for compiled grammars.
+    `compile` may run on any thread (the compiler's pool); the rest runs on the engine thread."""
+
+    name: str
+    supported_kinds: frozenset[str]
+
+    def __init__(self, vocab: VocabInfo):
+        self.vocab = vocab
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        """Validate and compile `spec`; raises GrammarError naming the problem. The result is
+        opaque: hand it to `matcher`."""
+        if spec.kind not in self.supported_kinds:
+            raise GrammarError(f"{spec.kind}: not supported by the {self.name} grammar backend "
+                               f"(it supports: {', '.join(sorted(self.supported_kinds))})")
+        return self._compile(spec)
+
+    @abc.abstractmethod
+    def _compile(self, spec: GrammarSpec) -> Any:
+        ...
+
+    @abc.abstractmethod
+    def matcher(self, compiled: Any) -> GrammarMatcher:
+        """A fresh matcher at the start of a compiled grammar (cheap; one per request)."""
+
+    def fill_bitmask(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor,
+                     rows: Sequence[int]) -> None:
+        """Fill `bitmask[rows[i]]` from `matchers[i]` for every i (one call per step)."""
+        check_bitmask(bitmask, self.vocab)
+        for matcher, row in zip(matchers, rows, strict=True):
+            matcher.fill_bitmask(bitmask, row)
+
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        """A zeroed bitmask of `rows` rows for this vocabulary, in pinned memory when CUDA is there
+        (so that the copy to the device can overlap)."""
+        return torch.zeros((rows, self.vocab.bitmask_width), dtype=torch.int32,
+                           pin_memory=torch.cuda.is_available())
+
+
+def check_bitmask(bitmask: torch.Tensor, vocab: VocabInfo) -> None:
+    if (bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or bitmask.dim() != 2
+            or bitmask.shape[1] != vocab.bitmask_width or not bitmask.is_contiguous()):
+        raise ValueError(f"bitmask must be a contiguous int32 CPU tensor [rows, {vocab.bitmask_width}], "
+                         f"got {bitmask.dtype} {tuple(bitmask.shape)} on {bitmask.device}")
+
+
+def fill_stop_only(bitmask: torch.Tensor, row: int, stop_token_ids: Sequence[int]) -> None:
+    """A row that allows only the stop tokens (all a finished grammar can still emit)."""
+    words = bitmask[row].numpy().view("uint32")
+    words[:] = 0
+    for token in stop_token_ids:
+        words[token >> 5] |= 1 << (token & 31)

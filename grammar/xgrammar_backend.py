@@ -1,0 +1,134 @@
+"""The default backend: xgrammar (pushdown automaton over the vocabulary; every kind of spec)."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Sequence
+
+import torch
+import xgrammar as xgr
+
+from grammar.backend import GrammarBackend, GrammarMatcher, check_bitmask, fill_stop_only
+from grammar.regex_check import check_regex, dot_excludes_newline, escape_literal
+from grammar.schema_check import UNENFORCED_BY_ALL, SchemaSupport, check_json_schema
+from grammar.spec import GRAMMAR_KINDS, GrammarError, GrammarSpec, StructuralTagSpec
+from grammar.vocab import VocabInfo
+
+# Found by compiling one schema per keyword and trying a violating and a valid string
+# (tests/test_grammar_backends.py keeps the rejected ones honest).
+XGRAMMAR_SCHEMA_SUPPORT = SchemaSupport(
+    backend="xgrammar",
+    unenforced_keywords=UNENFORCED_BY_ALL,
+    enforced_formats=frozenset({
+        "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri",
+        "uri-reference", "uri-template", "json-pointer", "relative-json-pointer", "uuid",
+    }),
+    multiple_of_integers_only=True,  # it warns and drops multipleOf on numbers
+)
+
+# xgrammar's C++ errors start with "[12:34:56] /path/file.cc:123: "
+_CPP_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
+
+
+def _error(kind: str, e: Exception) -> GrammarError:
+    lines = [line for line in str(e).strip().splitlines() if line.strip()] or [type(e).__name__]
+    return GrammarError(f"{kind}: {_CPP_PREFIX.sub('', lines[0]).strip()}")
+
+
+class XGrammarBackend(GrammarBackend):
+    name = "xgrammar"
+    supported_kinds = GRAMMAR_KINDS
+
+    def __init__(self, vocab: VocabInfo, compile_threads: int = 2, fill_threads: int = 2):
+        super().__init__(vocab)
+        # Token bytes decoded by us (RAW): one decoding for both backends; b"" marks an id that is
+        # never text, which xgrammar then treats as a special token and never allows.
+        encoded = [b if b is not None else b"" for b in vocab.token_bytes]
+        self._info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab.model_vocab_size,
+                                       stop_token_ids=list(vocab.stop_token_ids))
+        # our GrammarCompiler caches (and remembers failures); xgrammar's cache would only duplicate it
+        self._compiler = xgr.GrammarCompiler(self._info, max_threads=compile_threads, cache_enabled=False)
+        self._batch = xgr.BatchGrammarMatcher(fill_threads)
+        self._never = vocab.non_text_token_ids
+
+    def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+        kind, payload = spec.kind, spec.payload
+        if kind == "json_schema":
+            check_json_schema(payload, XGRAMMAR_SCHEMA_SUPPORT)
+        elif kind == "regex":
+            check_regex(payload)
+        elif kind == "structural_tag":
+            for i, tag in enumerate(payload.tags):
+                check_json_schema(tag.schema, XGRAMMAR_SCHEMA_SUPPORT, where=f"structural_tag: tags[{i}].schema")
+        try:
+            if kind == "json_schema":
+                # json.dumps keeps the user's property order, which is the order of generation
+                return self._compiler.compile_json_schema(json.dumps(payload), any_whitespace=False,
+                                                          strict_mode=True)
+            if kind == "json_object":
+                return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=False,
+                                                          strict_mode=False)
+            if kind == "regex":
+                return self._compiler.compile_regex(dot_excludes_newline(payload))
+            if kind == "choice":
+                return self._compiler.compile_regex("|".join(escape_literal(o) for o in payload))
+            if kind == "ebnf":
+                return self._compiler.compile_grammar(payload, root_rule_name="root")
+            return self._compiler.compile_structural_tag(json.dumps(_structural_tag_format(payload)))
+        except GrammarError:
+            raise
+        except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own types
+            raise _error(kind, e) from None
+
+    def matcher(self, compiled: xgr.CompiledGrammar) -> "XGrammarMatcher":
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled), self.vocab, self._never)
+
+    def fill_bitmask(self, matchers: Sequence[GrammarMatcher], bitmask: torch.Tensor,
+                     rows: Sequence[int]) -> None:
+        """All live rows in one threaded xgrammar call."""
+        check_bitmask(bitmask, self.vocab)
+        live, live_rows = [], []
+        for matcher, row in zip(matchers, rows, strict=True):
+            if matcher.is_terminated():
+                fill_stop_only(bitmask, row, self.vocab.stop_token_ids)
+            else:
+                live.append(matcher._matcher)
+                live_rows.append(int(row))
+        if live:
+            self._batch.batch_fill_next_token_bitmask(live, bitmask, live_rows)
+
+
+def _structural_tag_format(spec: StructuralTagSpec) -> dict[str, Any]:
+    return {"type": "structural_tag", "format": {
+        "type": "triggered_tags",
+        "triggers": list(spec.triggers),
+        "tags": [{"type": "tag", "begin": t.begin, "end": t.end,
+                  "content": {"type": "json_schema", "json_schema": t.schema}} for t in spec.tags],
+        "at_least_one": spec.at_least_one,
+        "stop_after_first": spec.stop_after_first,
+    }}
+
+
+class XGrammarMatcher(GrammarMatcher):
+    def __init__(self, matcher: xgr.GrammarMatcher, vocab: VocabInfo, never: frozenset[int]):
+        self._matcher = matcher
+        self._vocab = vocab
+        self._never = never
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._matcher.is_terminated():
+            fill_stop_only(bitmask, row, self._vocab.stop_token_ids)
+        else:
+            self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept_token(self, token_id: int) -> bool:
+        # Checked here first: xgrammar logs a warning for every special or out-of-range id it refuses.
+        if not 0 <= token_id < self._vocab.model_vocab_size or token_id in self._never:
+            return False
+        return self._matcher.accept_token(token_id)
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+    def reset(self) -> None:
+        self._matcher.reset()

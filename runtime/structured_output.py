@@ -1,0 +1,102 @@
+"""Structured output on the engine side: compile each request's grammar off-thread, then every step
+fill the bitmask rows of the constrained requests and apply them to the logits in one call.
+
+The grammar backend is built on the first constrained request, so engines that never see one do
+not pay for importing xgrammar or indexing the vocabulary.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from grammar import GrammarBackend, GrammarCompiler, GrammarError, GrammarSpec, make_grammar_backend
+from kernels.bitmask import apply_token_bitmask_
+from runtime.request import Request
+from runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class MaskTimings:
+    """Totals since start-up, for the structured-output benchmark."""
+    steps: int = 0
+    rows: int = 0
+    fill_s: float = 0.0
+    apply_s: float = 0.0
+
+
+class StructuredOutput:
+    def __init__(self, backend_name: str, tokenizer: Tokenizer, model_vocab_size: int,
+                 stop_token_ids: Sequence[int], max_rows: int, compile_timeout_s: float):
+        self.backend_name = backend_name
+        self._tokenizer = tokenizer
+        self._vocab_size = model_vocab_size
+        self._stop_ids = tuple(stop_token_ids)
+        self._max_rows = max_rows
+        self._timeout = compile_timeout_s
+        self._lock = threading.Lock()
+        self.backend: Optional[GrammarBackend] = None
+        self.compiler: Optional[GrammarCompiler] = None
+        self.bitmask: Optional[torch.Tensor] = None
+        self.timings = MaskTimings()
+
+    def _ensure_backend(self) -> GrammarBackend:
+        with self._lock:
+            if self.backend is None:
+                vocab = self._tokenizer.vocab_info(self._vocab_size, extra_stop_ids=self._stop_ids)
+                backend = make_grammar_backend(self.backend_name, vocab)
+                self.bitmask = backend.allocate_bitmask(self._max_rows)  # one allocation, reused every step
+                self.compiler = GrammarCompiler(backend, timeout_s=self._timeout)
+                self.backend = backend
+            return self.backend
+
+    # ---- any thread -----------------------------------------------------------
+    def start(self, req: Request) -> None:
+        """Check the kind is supported (ValueError now) and start compiling (errors come later)."""
+        spec: GrammarSpec = req.params.constraint
+        backend = self._ensure_backend()
+        if spec.kind not in backend.supported_kinds:
+            raise GrammarError(f"{spec.kind}: not supported by the {backend.name} grammar backend "
+                               f"(it supports: {', '.join(sorted(backend.supported_kinds))})")
+        req.grammar = self.compiler.submit(spec)
+
+    # ---- engine thread --------------------------------------------------------
+    def poll(self, pending: list[Request]) -> tuple[list[Request], list[tuple[Request, str]]]:
+        """Split pending requests into (ready, failed with message); the rest stay pending."""
+        ready, failed, still = [], [], []
+        for req in pending:
+            if not req.grammar.done():
+                still.append(req)
+                continue
+            try:
+                req.matcher = self.backend.matcher(req.grammar.result())
+                ready.append(req)
+            except GrammarError as e:
+                failed.append((req, str(e)))
+        pending[:] = still
+        return ready, failed
+
+    def apply(self, logits: torch.Tensor, reqs: Sequence[Request]) -> None:
+        """Mask the logits rows of the constrained requests among `reqs` (row i is reqs[i])."""
+        rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
+        if not rows:
+            return
+        t0 = time.perf_counter()
+        self.backend.fill_bitmask([reqs[i].matcher for i in rows], self.bitmask, rows)
+        t1 = time.perf_counter()
+        index = torch.tensor(rows, dtype=torch.long)
+        bitmask = self.bitmask if logits.device.type == "cpu" else self.bitmask.to(logits.device, non_blocking=True)
+        apply_token_bitmask_(logits, bitmask, index.to(logits.device), vocab_size=self._vocab_size)
+        t2 = time.perf_counter()
+        tm = self.timings
+        tm.steps += 1
+        tm.rows += len(rows)
+        tm.fill_s += t1 - t0
+        tm.apply_s += t2 - t1
+
+    def shutdown(self) -> None:
+        if self.compiler is not None:
+            self.compiler.shutdown(wait=False)
