@@ -256,3 +256,19 @@ def test_outlines_core_rejects_integer_bounds_it_cannot_enforce(make_engine, cha
     outputs = list(engine.submit(chat_prompt, schema_params(SCHEMAS["integer_bounds"])))
     assert outputs[-1].finish_reason == "error"
     assert "minimum" in outputs[-1].error or "maximum" in outputs[-1].error
+
+
+def test_structural_tag_constrains_the_tagged_body(make_engine, default_tokenizer):
+    engine = make_engine()
+    schema = {"type": "object", "additionalProperties": False, "required": ["city"],
+              "properties": {"city": {"type": "string", "maxLength": 20}}}
+    tag = {"tags": [{"begin": '<tool_call>{"name": "get_weather", "arguments": ', "schema": schema,
+                     "end": "}</tool_call>"}],
+           "triggers": ["<tool_call>"], "at_least_one": True, "stop_after_first": True}
+    prompt = default_tokenizer.apply_chat_template([{"role": "user", "content": "What is the weather in Paris?"}])
+    r = engine.generate(prompt, SamplingParams(max_tokens=64, temperature=0.0,
+                                               constraint=GrammarSpec.structural_tag(tag)))[0]
+    assert r.finish_reason == "stop", r.text
+    match = re.search(r'<tool_call>\{"name": "get_weather", "arguments": (.*)\}</tool_call>$', r.text, re.S)
+    assert match, r.text
+    assert_valid(match.group(1), schema)
