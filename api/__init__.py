@@ -1,1 +1,1 @@
-"""Command line and (later) the OpenAI-compatible HTTP server."""
+"""The `radixserve` command line and the OpenAI-compatible HTTP server (FastAPI + uvicorn)."""

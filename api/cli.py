@@ -1,4 +1,4 @@
-"""`radixserve` command line: engine flags shared by every subcommand."""
+"""`radixserve` command line: `generate` and `serve`, with the engine flags they share."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,8 @@ import sys
 import time
 from dataclasses import fields
 
-from runtime.config import SCHEDULE_POLICIES, EngineConfig
+from api.serve import add_serve_args, cmd_serve
+from runtime.config import GRAMMAR_BACKENDS, SCHEDULE_POLICIES, EngineConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -22,9 +23,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batched-tokens", type=int, default=d.max_batched_tokens)
     p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
     p.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests)
-    p.add_argument("--schedule-policy", default=d.schedule_policy, choices=SCHEDULE_POLICIES)
+    p.add_argument("--schedule-policy", default=d.schedule_policy, choices=SCHEDULE_POLICIES,
+                   help="waiting-queue order: lpm = longest cached prefix first")
+    p.add_argument("--max-queue-wait-boost", type=float, default=d.max_queue_wait_boost,
+                   help="seconds a request may wait before lpm / dfs-weight admit it first")
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "torch"])
+    p.add_argument("--grammar-backend", default=d.grammar_backend, choices=list(GRAMMAR_BACKENDS),
+                   help="structured-output backend")
+    p.add_argument("--grammar-compile-timeout", type=float, default=d.grammar_compile_timeout,
+                   help="seconds a grammar may take to compile")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"])
 
@@ -48,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sampling-seed", type=int, default=None, help="seed of this request's sampling")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     add_engine_args(g)
+    s = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    add_serve_args(s)
+    add_engine_args(s)
     return parser
 
 
@@ -94,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "serve":
+            return cmd_serve(args, engine_config)
     except (ModelLoadError, ValueError) as e:
         print(f"radixserve: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 1

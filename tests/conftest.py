@@ -48,3 +48,19 @@ def make_engine(default_model_files):
             assert_all_pages_free(engine)
         finally:
             engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def api_server(default_model_files):
+    """The OpenAI-compatible server (real uvicorn, default model) shared by tests/test_api_*.py."""
+    from tests.api_server import running_server
+
+    with running_server(default_model_files) as server:
+        yield server
+
+
+@pytest.fixture
+def api(api_server):
+    """The shared server; after the test, nothing is left running and the page invariant holds."""
+    yield api_server
+    api_server.check_pages()

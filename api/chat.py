@@ -1,0 +1,160 @@
+"""POST /v1/chat/completions: messages (+ tools) through the chat template, n choices, streamed
+or whole, with structured output and tool calls."""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Optional
+
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api import responses
+from api.chat_prompt import render_chat_prompt
+from api.constraints import request_constraint
+from api.errors import APIError, internal_error
+from api.generation import Choice, Generation, until_disconnected
+from api.logprobs import chat_logprobs
+from api.protocol import ChatCompletionRequest
+from api.sampling import choice_seed, resolve_max_tokens, sampling_params
+from api.state import ServerState
+from api.streaming import sse_response
+from api.tools import ToolCall, ToolCallParser, plan_tools
+
+log = logging.getLogger("radixserve.api")
+
+# Engine error fields as the chat request names them.
+_RENAMES = {"prompt": "messages", "logprobs": "top_logprobs"}
+
+
+async def create_chat_completion(req: ChatCompletionRequest, http: Request, state: ServerState) -> Response:
+    engine = state.require_engine()
+    model = state.check_model(req.model)
+    rid = "chatcmpl-" + uuid.uuid4().hex
+    http.state.request_id = rid
+
+    plan = plan_tools(req)
+    tool_field = "tool_choice" if req.tool_choice is not None else "tools"
+    tool_constraint = (tool_field, plan.build_constraint) if plan.build_constraint else None
+    constraint, constraint_field = request_constraint(req, tool_constraint)
+    prompt = render_chat_prompt(engine.tokenizer, req.messages, plan.template_tools, req.chat_template_kwargs)
+    prompt_ids = engine.tokenizer.encode(prompt)
+    max_tokens = resolve_max_tokens(engine, req.requested_max_tokens, len(prompt_ids), None, "messages")
+    top_k = req.top_logprobs or 0
+    renames = {**_RENAMES, **({"max_tokens": "max_completion_tokens"} if req.max_completion_tokens else {})}
+    gen = Generation(engine, state.metrics, rid, renames, constraint_field)
+    for i in range(req.n):
+        gen.submit(prompt_ids, sampling_params(req, max_tokens, top_k if req.logprobs else None, constraint,
+                                               choice_seed(req.seed, i)))
+    try:
+        if constraint is not None:
+            await gen.check_first_outputs(http)
+        parsers = {c.index: plan.new_parser() for c in gen.choices}
+        reply = _ChatReply(req, state, gen, model, rid, parsers)
+        if req.stream:
+            return sse_response(reply.chunks(), on_close=gen.abort)
+        return JSONResponse(await reply.whole(http))
+    except BaseException:
+        gen.abort()  # only choices still running
+        raise
+
+
+class _ChatReply:
+    """Turns one Generation's outputs into a chat.completion or its chunks."""
+
+    def __init__(self, req: ChatCompletionRequest, state: ServerState, gen: Generation, model: str, rid: str,
+                 parsers: dict[int, Optional[ToolCallParser]]):
+        self.req, self.state, self.gen, self.model, self.rid = req, state, gen, model, rid
+        self.created = int(time.time())
+        self.parsers = parsers
+        self.top_k = req.top_logprobs or 0
+
+    def _finish_reason(self, choice: Choice) -> str:
+        parser = self.parsers[choice.index]
+        if choice.finish_reason == "stop" and parser is not None and parser.calls:
+            return "tool_calls"
+        return choice.finish_reason
+
+    def _fail_if_broken(self, choice: Choice) -> None:
+        if choice.finish_reason == "error":
+            log.error("request %s failed in the engine: %s", choice.request_id, choice.error)
+            raise internal_error(choice.request_id)
+        if choice.finish_reason == "abort":  # not the client's doing: the engine is shutting down
+            raise APIError(503, "the request was aborted: the server is shutting down", code="aborted")
+
+    # ---- whole reply ---------------------------------------------------------------------
+    async def whole(self, http: Request) -> dict[str, Any]:
+        events: dict[int, list] = {c.index: [] for c in self.gen.choices}
+
+        async def collect() -> None:
+            async for choice, out in self.gen.outputs():
+                choice.record(out)
+                parser = self.parsers[choice.index]
+                if parser is not None:
+                    events[choice.index] += parser.feed(out.text)
+                    if out.finished:
+                        events[choice.index] += parser.finish()
+
+        await until_disconnected(http, collect(), on_disconnect=self.gen.abort)
+        choices = []
+        for c in self.gen.choices:
+            self._fail_if_broken(c)
+            reason = self._finish_reason(c)
+            c.timer.finish(reason)
+            if self.parsers[c.index] is None:
+                content, calls = "".join(c.text), []
+            else:
+                content = "".join(e for e in events[c.index] if isinstance(e, str))
+                calls = [e.to_message() for e in events[c.index] if isinstance(e, ToolCall)]
+                content = content or (None if calls else "")
+            logprobs = chat_logprobs(c.logprobs, self.state.token_texts, self.top_k) if self.req.logprobs else None
+            choices.append(responses.chat_choice(c.index, content, calls, reason, logprobs))
+        return responses.chat_completion(self.rid, self.created, self.model, choices, self.gen.usage())
+
+    # ---- streamed reply ------------------------------------------------------------------
+    def _chunk(self, index: int, delta: dict, finish_reason: Optional[str] = None,
+               logprobs: Optional[dict] = None) -> dict[str, Any]:
+        return responses.chat_chunk(self.rid, self.created, self.model, index, delta, finish_reason, logprobs,
+                                    with_usage_field=self.req.include_usage)
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        tool_call_counts = {c.index: 0 for c in self.gen.choices}
+        for c in self.gen.choices:
+            yield self._chunk(c.index, {"role": "assistant", "content": ""})
+        async for choice, out in self.gen.outputs():
+            choice.record(out)
+            if out.finish_reason == "error":
+                log.error("request %s failed in the engine: %s", choice.request_id, out.error)
+                choice.timer.finish("error")
+                yield internal_error(choice.request_id).body()
+                return
+            logprobs = (chat_logprobs(out.logprobs, self.state.token_texts, self.top_k)
+                        if self.req.logprobs and out.logprobs else None)
+            parser = self.parsers[choice.index]
+            if parser is None:
+                events: list = [out.text] if out.text else []
+            else:
+                events = parser.feed(out.text) + (parser.finish() if out.finished else [])
+            for event in events:
+                if isinstance(event, str):
+                    yield self._chunk(choice.index, {"content": event}, logprobs=logprobs)
+                else:
+                    k = tool_call_counts[choice.index]
+                    tool_call_counts[choice.index] += 1
+                    yield self._chunk(choice.index, {"tool_calls": [
+                        {"index": k, "id": event.id, "type": "function",
+                         "function": {"name": event.name, "arguments": ""}}]}, logprobs=logprobs)
+                    yield self._chunk(choice.index, {"tool_calls": [
+                        {"index": k, "function": {"arguments": event.arguments}}]})
+                logprobs = None  # sent once, with the first chunk of this output
+            if out.finished:
+                reason = self._finish_reason(choice)
+                choice.timer.finish(reason)
+                yield self._chunk(choice.index, {}, finish_reason=reason, logprobs=logprobs)
+            elif logprobs is not None:  # tokens whose text is held back (partial UTF-8, a stop string...)
+                yield self._chunk(choice.index, {}, logprobs=logprobs)
+        if self.req.include_usage:
+            yield responses.usage_chunk(self.rid, self.created, self.model, "chat.completion.chunk",
+                                        self.gen.usage())

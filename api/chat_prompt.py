@@ -1,0 +1,96 @@
+"""Chat messages (and tools) to prompt text through the model's chat template.
+
+Templates that know tools (they mention `tools`) get them as the template variable and assistant
+`tool_calls` with parsed arguments, as Hugging Face templates expect. Templates that do not (the
+default SmolLM2 one) get Hermes-style text instead: the tool signatures in the system message,
+earlier calls as `<tool_call>` blocks and results as `<tool_response>` blocks, the same format the
+`auto` tool-call parser reads back.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from api.errors import bad_request
+from api.protocol import ChatMessage
+from api.tools import TOOL_CALL_BEGIN, TOOL_CALL_END
+from runtime.tokenizer import Tokenizer, TokenizerError
+
+HERMES_TOOLS_PROMPT = (
+    "You are a function calling AI model. You are provided with function signatures within <tools></tools> "
+    "XML tags. You may call one or more functions to assist with the user query. Don't make assumptions "
+    "about what values to plug into functions. Here are the available tools: <tools>\n{tools}\n</tools>\n"
+    "For each function call return a json object with function name and arguments within "
+    f"{TOOL_CALL_BEGIN}{TOOL_CALL_END} XML tags as follows:\n{TOOL_CALL_BEGIN}\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n' + TOOL_CALL_END)
+
+
+def render_chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage],
+                       tools: Optional[list[dict[str, Any]]] = None,
+                       template_kwargs: Optional[dict[str, Any]] = None,
+                       add_generation_prompt: bool = True) -> str:
+    """The prompt text for `messages`; 400 if the template refuses them."""
+    template = tokenizer.chat_template or ""
+    native_tools = "tools" in template
+    if native_tools:
+        rendered = [_native_message(m) for m in messages]
+        extra = {"tools": tools} if tools else {}
+    else:
+        rendered = _hermes_messages(messages, tools)
+        extra = {}
+    extra.update(template_kwargs or {})
+    try:
+        return tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt, **extra)
+    except TokenizerError as e:
+        raise bad_request(f"messages: {e}", param="messages") from None
+
+
+def _role(m: ChatMessage) -> str:
+    return "system" if m.role == "developer" else m.role
+
+
+def _arguments(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise bad_request(f"{where}: arguments must be a JSON string", param=where) from None
+
+
+def _native_message(m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": _role(m), "content": m.content or ""}
+    if m.name:
+        out["name"] = m.name
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.function.name,
+                                           "arguments": _arguments(c.function.arguments, "messages.tool_calls")}}
+                             for c in m.tool_calls]
+    return out
+
+
+def _hermes_messages(messages: list[ChatMessage], tools: Optional[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        content = m.content or ""
+        if m.tool_calls:
+            blocks = [_hermes_call_block(c.function.name, _arguments(c.function.arguments, "messages.tool_calls"))
+                      for c in m.tool_calls]
+            content = "\n".join(([content] if content else []) + blocks)
+        elif m.role == "tool":
+            content = f"<tool_response>\n{content}\n</tool_response>"
+        out.append({"role": _role(m), "content": content})
+    if tools:
+        listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        prompt = HERMES_TOOLS_PROMPT.format(tools=listing)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def _hermes_call_block(name: str, arguments: Any) -> str:
+    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{TOOL_CALL_BEGIN}\n{call}\n{TOOL_CALL_END}"

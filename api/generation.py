@@ -1,0 +1,202 @@
+"""The engine requests behind one API request: submit every choice, check the first output of a
+constrained request before answering, merge the choices' streams, and abort whatever is still
+running when the client goes away or anything fails."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Optional, Sequence
+
+from starlette.requests import Request
+
+from api.errors import APIError, bad_request, overloaded
+from api.metrics import RequestTimer, ServerMetrics
+from grammar.spec import GRAMMAR_KINDS, GrammarError
+from runtime.engine import Engine, EngineOverloadedError
+from runtime.request import OutputStream, RequestOutput, TokenLogprob
+from runtime.sampling_params import SamplingParams
+
+log = logging.getLogger("radixserve.api")
+
+
+@dataclass
+class Choice:
+    """One engine request and what it has produced so far."""
+    index: int
+    request_id: str
+    stream: OutputStream
+    timer: RequestTimer
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: Optional[str] = None
+    error: Optional[str] = None
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    _iterator: Optional[AsyncIterator[RequestOutput]] = None
+    _first: Optional[RequestOutput] = None
+
+    def record(self, out: RequestOutput) -> None:
+        self.text.append(out.text)
+        self.logprobs.extend(out.logprobs)
+        self.timer.on_tokens(len(out.token_ids))
+        self.prompt_tokens = out.prompt_tokens or self.prompt_tokens
+        self.completion_tokens = out.completion_tokens
+        self.cached_tokens = out.cached_tokens
+        if out.finished:
+            self.finish_reason, self.error = out.finish_reason, out.error
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+def rename_engine_error(error: ValueError, renames: dict[str, str], constraint_field: Optional[str]) -> APIError:
+    """An engine ValueError ("field: message") as a 400 naming the request's field."""
+    message = str(error)
+    name, sep, rest = message.partition(":")
+    if constraint_field and (isinstance(error, GrammarError) or name in GRAMMAR_KINDS or name == "constraint"):
+        return bad_request(f"{constraint_field}: {message}", param=constraint_field, code="invalid_grammar")
+    if sep and name.isidentifier():
+        param = renames.get(name, name)
+        return bad_request(f"{param}:{rest}", param=param)
+    return bad_request(message)
+
+
+class Generation:
+    """Submits and follows the engine requests (choices) of one API request."""
+
+    def __init__(self, engine: Engine, metrics: ServerMetrics, request_id: str, renames: dict[str, str],
+                 constraint_field: Optional[str] = None):
+        self.engine = engine
+        self.constraint_field = constraint_field
+        self.metrics = metrics
+        self.request_id = request_id
+        self.renames = renames
+        self.arrival = time.monotonic()
+        self.choices: list[Choice] = []
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Choice:
+        """Queue one more choice; on any refusal the choices already queued are aborted."""
+        index = len(self.choices)
+        rid = f"{self.request_id}-{index}"
+        try:
+            stream = self.engine.submit(list(prompt_ids), params, request_id=rid)
+        except EngineOverloadedError as e:
+            self.abort()
+            raise overloaded(str(e)) from None
+        except ValueError as e:
+            self.abort()
+            raise rename_engine_error(e, self.renames, self.constraint_field) from None
+        choice = Choice(index, rid, stream, RequestTimer(self.metrics, self.arrival), prompt_tokens=len(prompt_ids))
+        self.choices.append(choice)
+        return choice
+
+    async def check_first_outputs(self, http: Request) -> None:
+        """Wait for each choice's first output: a grammar the engine rejects while compiling comes
+        back as an error with no tokens, which is the client's 400, not a 200 that fails later."""
+        async def first(choice: Choice) -> None:
+            choice._iterator = choice.stream.__aiter__()
+            choice._first = await choice._iterator.__anext__()
+
+        await until_disconnected(http, asyncio.gather(*(first(c) for c in self.choices)), on_disconnect=self.abort)
+        for c in self.choices:
+            out = c._first
+            if out is not None and _is_rejection(out):
+                for other in self.choices:
+                    other.timer.finish("error")
+                self.abort()
+                message, param = out.error or "invalid request", self.constraint_field
+                if param and not message.startswith(param):
+                    message = f"{param}: {message}"
+                raise bad_request(message, param=param, code="invalid_grammar")
+
+    async def outputs(self) -> AsyncIterator[tuple[Choice, RequestOutput]]:
+        """Every choice's outputs, merged in arrival order; the caller records them."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(choice: Choice) -> None:
+            try:
+                iterator = choice._iterator or choice.stream.__aiter__()
+                if choice._first is not None:
+                    await queue.put((choice, choice._first))
+                async for out in iterator:
+                    await queue.put((choice, out))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # handed to the consumer, which raises it
+                queue.put_nowait((choice, e))
+
+        tasks = [asyncio.create_task(pump(c)) for c in self.choices]
+        remaining = len(self.choices)
+        try:
+            while remaining:
+                choice, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finished:
+                    remaining -= 1
+                yield choice, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            self.abort()
+
+    def abort(self) -> None:
+        """Abort every choice that has not finished (the engine frees its pages within a step)."""
+        for c in self.choices:
+            if not c.finished:
+                self.engine.abort(c.request_id)
+                c.finish_reason = c.finish_reason or "abort"
+                c.timer.finish("abort")
+
+    # ---- totals for `usage` ----------------------------------------------------------------
+    def usage(self, prompt_groups: Optional[list[list[Choice]]] = None) -> dict:
+        """OpenAI usage: each prompt counted once, completions summed over choices. A prompt's
+        cached_tokens is the least any of its choices got from the cache: what was already
+        cached when the request arrived (the other choices then reuse the first's prefill)."""
+        groups = prompt_groups or [self.choices]
+        prompt = sum(g[0].prompt_tokens for g in groups if g)
+        cached = sum(min(c.cached_tokens for c in g) for g in groups if g)
+        completion = sum(c.completion_tokens for c in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _is_rejection(out: RequestOutput) -> bool:
+    """An engine error that is the request's fault (e.g. a grammar that does not compile)."""
+    if out.finish_reason != "error":
+        return False
+    kind = getattr(out, "error_kind", None)
+    return kind == "invalid_request" or (kind is None and not out.token_ids)
+
+
+async def until_disconnected(http: Request, work, on_disconnect) -> None:
+    """Run `work` (awaitable) unless the client disconnects first; then call `on_disconnect` and
+    raise ClientDisconnected."""
+    work_task = asyncio.ensure_future(work)
+    watch = asyncio.create_task(_wait_for_disconnect(http))
+    try:
+        done, _ = await asyncio.wait({work_task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if work_task in done:
+            work_task.result()
+            return
+        on_disconnect()
+        raise ClientDisconnected()
+    finally:
+        watch.cancel()
+        if not work_task.done():
+            work_task.cancel()
+
+
+class ClientDisconnected(Exception):
+    """The client went away; nothing is sent."""
+
+
+async def _wait_for_disconnect(http: Request) -> None:
+    while True:
+        message = await http.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,51 @@
+"""What every handler needs: the engine (absent while the model loads), the served model name,
+the metrics and per-model caches."""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from api.errors import APIError, loading
+from api.logprobs import TokenTexts
+from api.metrics import ServerMetrics
+from runtime.engine import Engine
+
+
+class ServerState:
+    def __init__(self, engine: Optional[Engine], served_model_name: Optional[str], api_key: Optional[str]):
+        self.engine: Optional[Engine] = None
+        self._served_model_name = served_model_name
+        self.api_key = api_key or None
+        self.created = int(time.time())
+        self.metrics = ServerMetrics(lambda: self.engine)
+        self.token_texts: Optional[TokenTexts] = None
+        if engine is not None:
+            self.attach(engine)
+
+    def attach(self, engine: Engine) -> None:
+        """The model is loaded: start answering."""
+        self.token_texts = TokenTexts(engine.tokenizer)
+        self.engine = engine
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    @property
+    def served_model_name(self) -> Optional[str]:
+        if self._served_model_name:
+            return self._served_model_name
+        return self.engine.model_name if self.engine is not None else None
+
+    def require_engine(self) -> Engine:
+        if self.engine is None:
+            raise loading()
+        return self.engine
+
+    def check_model(self, model: Optional[str]) -> str:
+        """The served name if `model` names it (or is absent); else 404."""
+        served = self.served_model_name
+        if model is not None and model != served:
+            raise APIError(404, f"The model {model!r} does not exist; this server serves {served!r}",
+                           param="model", code="model_not_found", error_type="invalid_request_error")
+        return served

@@ -1,0 +1,150 @@
+"""Tool calling: required and named choices are grammar-constrained calls, auto parses Hermes
+blocks into tool_calls and never leaks them as content. The server tests need the grammar path in
+the engine; the parser tests at the end do not."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from api.tools import HermesToolCallParser, ToolCall, WholeOutputToolCallParser
+
+WEATHER = {"type": "object",
+           "properties": {"city": {"type": "string", "maxLength": 20},
+                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 20}},
+        "required": ["timezone"], "additionalProperties": False}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                      "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "Current time in a timezone",
+                                      "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def assert_valid_calls(calls) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_tool_choice_returns_a_valid_call(api):
+    r = api.client().chat.completions.create(model=api.model, messages=ASK, tools=TOOLS, tool_choice="required",
+                                             max_tokens=60, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    assert_valid_calls(choice.message.tool_calls)
+
+
+def test_named_tool_choice_calls_that_tool(api):
+    r = api.client().chat.completions.create(
+        model=api.model, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    calls = r.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["get_time"]
+    assert_valid_calls(calls)
+
+
+def test_streamed_tool_call_arrives_in_openai_delta_shape(api):
+    kw = dict(model=api.model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60, temperature=0)
+    client = api.client()
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    deltas = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+    calls = [d.delta.tool_calls[0] for d in deltas if d.delta.tool_calls]
+    assert calls[0].index == 0 and calls[0].id and calls[0].function.name == whole.function.name
+    assert all(c.index == 0 for c in calls)
+    assert "".join(c.function.arguments or "" for c in calls) == whole.function.arguments
+    assert not "".join(d.delta.content or "" for d in deltas)
+    assert deltas[-1].finish_reason == "tool_calls"
+
+
+def past_call(call_id: str, city: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps({"city": city, "unit": "celsius"})}}
+
+
+# Earlier turns that called the tool: with them the small model calls it again on its own.
+HISTORY = [
+    {"role": "user", "content": "What is the weather in Rome?"},
+    {"role": "assistant", "content": None, "tool_calls": [past_call("call_1", "Rome")]},
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [past_call("call_2", "Paris")]},
+    {"role": "user", "content": "What is the weather in Oslo?"},
+]
+
+
+def test_auto_tool_choice_parses_the_call_block_into_tool_calls(api):
+    kw = dict(model=api.model, messages=HISTORY, tools=TOOLS, tool_choice="auto", max_tokens=60, temperature=0)
+    client = api.client()
+    choice = client.chat.completions.create(**kw).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert not choice.message.content  # the block is not content
+    assert_valid_calls(choice.message.tool_calls)
+    deltas = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+    assert "<tool_call>" not in "".join(d.delta.content or "" for d in deltas)
+    streamed = [d.delta.tool_calls[0] for d in deltas if d.delta.tool_calls]
+    assert streamed[0].function.name == choice.message.tool_calls[0].function.name
+    assert "".join(c.function.arguments or "" for c in streamed) == choice.message.tool_calls[0].function.arguments
+    assert deltas[-1].finish_reason == "tool_calls"
+
+
+def test_auto_tool_choice_may_answer_in_plain_text(api):
+    r = api.client().chat.completions.create(model=api.model, messages=ASK, tools=TOOLS, tool_choice="auto",
+                                             max_tokens=12, temperature=0)
+    message = r.choices[0].message
+    assert message.tool_calls is None and message.content and "<tool_call>" not in message.content
+
+
+def test_tool_choice_none_is_plain_text(api):
+    r = api.client().chat.completions.create(model=api.model, messages=ASK, tools=TOOLS, tool_choice="none",
+                                             max_tokens=8, temperature=0)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
+
+
+# ---- the parsers on their own -------------------------------------------------------------------
+REPLY = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
+         '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"timezone": "CET"}}\n</tool_call>\n')
+
+
+def run_parser(parser, pieces):
+    events = []
+    for piece in pieces:
+        events += parser.feed(piece)
+    events += parser.finish()
+    content = "".join(e for e in events if isinstance(e, str))
+    calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)]
+    return content, calls
+
+
+def test_hermes_parser_gives_the_same_result_however_the_text_is_split():
+    expected = ("Let me check.", [("get_weather", {"city": "Paris", "unit": "celsius"}),
+                                  ("get_time", {"timezone": "CET"})])
+    assert run_parser(HermesToolCallParser(set(SCHEMAS)), [REPLY]) == expected
+    for size in (1, 2, 3, 5, 7, 11):
+        pieces = [REPLY[i:i + size] for i in range(0, len(REPLY), size)]
+        assert run_parser(HermesToolCallParser(set(SCHEMAS)), pieces) == expected
+
+
+def test_hermes_parser_passes_plain_text_and_lookalike_tags_through():
+    text = "Use <tool> and <tool_ca maybe, 3 < 4."
+    assert run_parser(HermesToolCallParser(set(SCHEMAS)), list(text)) == (text, [])
+
+
+def test_hermes_parser_drops_a_cut_off_call():
+    cut = 'Sure.<tool_call>\n{"name": "get_weather", "argu'
+    assert run_parser(HermesToolCallParser(set(SCHEMAS)), [cut]) == ("Sure.", [])
+
+
+@pytest.mark.parametrize("text,calls", [
+    ('{"name": "get_time", "arguments": {"timezone": "UTC"}}', [("get_time", {"timezone": "UTC"})]),
+    ('{"name": "launch", "arguments": {}}', []),
+    ('{"name": "get_time", "argu', []),
+])
+def test_whole_output_parser_reads_one_call_object(text, calls):
+    assert run_parser(WholeOutputToolCallParser(set(SCHEMAS)), [text]) == ("", calls)
