@@ -32,12 +32,23 @@ class TreeNode:
         return not self.children
 
 
-def _common_len(a: list[int], b: list[int], page_size: int) -> int:
+def common_prefix_len(a: list[int], b: list[int], page_size: int) -> int:
+    """Length of the common prefix of `a` and `b`, rounded down to whole pages.
+
+    Slice comparisons run in C; a token-by-token Python loop made matching a queue of
+    1,000-token prompts against the tree cost milliseconds per scheduling step.
+    """
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i - i % page_size
+    if a[:n] == b[:n]:
+        return n - n % page_size
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo - lo % page_size
 
 
 class RadixCache:
@@ -75,13 +86,34 @@ class RadixCache:
             if child is None:
                 break
             child.last_access = now
-            n = _common_len(child.key, tokens, self.page_size)
+            n = common_prefix_len(child.key, tokens, self.page_size)
             if n < len(child.key):
                 child = self._split(child, n)
             slots.extend(child.slots)
             node = child
             tokens = tokens[n:]
         return slots, node
+
+    def match_length(self, tokens: list[int], limit: int) -> tuple[int, TreeNode]:
+        """Cached page-aligned prefix length of `tokens[:limit]` and the deepest node it reaches.
+
+        A read-only `match_prefix` for ordering the waiting queue: it neither splits edges nor
+        refreshes LRU times, so looking at the queue every step does not keep prefixes alive.
+        The node may be one whose edge is matched only in part (the request's path enters it).
+        """
+        limit = min(limit, len(tokens))
+        limit -= limit % self.page_size
+        node, i = self.root, 0
+        while i < limit:
+            key = tokens[i] if self.page_size == 1 else tuple(tokens[i:i + self.page_size])
+            child = node.children.get(key)
+            if child is None:
+                break
+            n = common_prefix_len(child.key, tokens[i:min(i + len(child.key), limit)], self.page_size)
+            node, i = child, i + n
+            if n < len(child.key):
+                break
+        return i, node
 
     # ---- updates -------------------------------------------------------
     def insert(self, tokens: list[int], slots: list[int]) -> int:
@@ -105,7 +137,7 @@ class RadixCache:
                 self.evictable_size += len(tokens)
                 break
             child.last_access = now
-            n = _common_len(child.key, tokens, self.page_size)
+            n = common_prefix_len(child.key, tokens, self.page_size)
             if n < len(child.key):
                 child = self._split(child, n)
             duplicates.extend(self._differing_pages(child.slots, slots[:n]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-SCHEDULE_POLICIES = ("fcfs", "lpm")
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "priority")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines-core")
 
 
@@ -20,7 +20,10 @@ class EngineConfig:
     max_batched_tokens: int = 2048
     chunked_prefill_size: int = 1024
     max_waiting_requests: int = 4096
-    schedule_policy: str = "fcfs"
+    schedule_policy: str = "lpm"         # lpm | dfs-weight | fcfs | priority
+    # lpm / dfs-weight never let a request be overtaken by one that arrived more than this many
+    # seconds after it: it jumps ahead once it has waited this long behind newer requests
+    max_queue_wait_boost: float = 5.0
     disable_radix_cache: bool = False
     attention_backend: str = "auto"      # auto | torch
     grammar_backend: str = "xgrammar"    # xgrammar | outlines-core
@@ -46,6 +49,8 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule-policy must be one of {', '.join(SCHEDULE_POLICIES)}")
+        if not self.max_queue_wait_boost >= 0:
+            raise ValueError("max-queue-wait-boost must be >= 0 seconds")
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"grammar-backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}")
         if not self.grammar_compile_timeout > 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import traceback
 import uuid
 from dataclasses import dataclass
@@ -50,6 +51,12 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     preemptions: int
+    evicted_tokens: int = 0         # cached tokens dropped from the radix tree to make room
+    kv_pages_used: int = 0          # held by running requests outside the tree
+    kv_pages_cached: int = 0        # owned by the radix tree
+    kv_pages_free: int = 0
+    last_step_seconds: float = 0.0  # wall time of the latest forward + sample + commit
+    last_batch_size: int = 0        # requests in the latest step
 
 
 @dataclass
@@ -86,6 +93,8 @@ class Engine:
         self._stop = threading.Event()
         self.steps = 0
         self.generation_tokens = 0
+        self.last_step_seconds = 0.0
+        self.last_batch_size = 0
         if self.device.type == "cpu":
             retain_freed_memory()  # before the loop thread exists, so that it shares the main arena
         # The loop thread builds the model as well as running it: a second thread doing torch work
@@ -175,14 +184,16 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """Thread-safe enough for metrics: every field is one read of an int the loop updates."""
-        sched, pool = self.scheduler, self.pool
+        sched, pool, kv = self.scheduler, self.pool, self.kv
         return EngineStats(
             num_running=len(sched.running), num_waiting=len(sched.waiting),
             kv_cache_usage=1.0 - pool.num_free / pool.num_pages,
             prefix_cache_queried_tokens=sched.stats.prompt_tokens,
             prefix_cache_hit_tokens=sched.stats.cache_hit_tokens,
             prompt_tokens=sched.stats.prompt_tokens, generation_tokens=self.generation_tokens,
-            preemptions=sched.stats.preemptions)
+            preemptions=sched.stats.preemptions, evicted_tokens=kv.evicted_tokens,
+            kv_pages_used=kv.pages_used, kv_pages_cached=kv.pages_cached, kv_pages_free=kv.pages_free,
+            last_step_seconds=self.last_step_seconds, last_batch_size=self.last_batch_size)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -226,8 +237,12 @@ class Engine:
 
     # ---- the loop -------------------------------------------------------------
     def _loop(self) -> None:
+        was_idle = True
         while not self._stop.is_set():
             idle = not self.scheduler.has_work()
+            if idle and not was_idle:
+                self._check_pages_when_idle()
+            was_idle = idle
             # while grammars compile, wake up often to see whether they are ready
             self._drain_inbox(timeout=(0.005 if self._grammar_pending else 0.5) if idle else None)
             if self._stop.is_set():
@@ -238,7 +253,11 @@ class Engine:
             if batch is None:
                 continue
             try:
+                t0 = time.perf_counter()
                 self._step(batch)
+                self.last_step_seconds, self.last_batch_size = time.perf_counter() - t0, len(batch.items)
+                if log.isEnabledFor(logging.DEBUG):
+                    self._log_step(batch)
             except Exception as e:  # a bug or device error: fail the batch, keep serving
                 log.error("engine step failed: %s\n%s", e, traceback.format_exc())
                 for item in batch.items:
@@ -247,6 +266,21 @@ class Engine:
                                      cache=False)
         for req in list(self.scheduler.running) + list(self.scheduler.waiting) + self._grammar_pending:
             self._finish(req, "abort", cache=False)
+
+    def _log_step(self, batch: ScheduledBatch) -> None:
+        kv = self.kv
+        log.debug("step %d: %d decodes, %d prefill tokens in %d extends (%d admitted, %d cache-hit tokens, "
+                  "%d held for sharing), %d waiting, pages used/cached/free %d/%d/%d, %.1f ms", self.steps,
+                  len(batch.decodes), batch.prefill_tokens, len(batch.extends), batch.admitted,
+                  batch.cache_hit_tokens, batch.held, len(self.scheduler.waiting), kv.pages_used,
+                  kv.pages_cached, kv.pages_free, self.last_step_seconds * 1000)
+
+    def _check_pages_when_idle(self) -> None:
+        """Nothing runs, so every page must be free or in the tree, and nothing locked."""
+        try:
+            self.kv.check_invariant(self.scheduler.running)
+        except AssertionError as e:
+            log.error("KV PAGE INVARIANT BROKEN (pages leaked or double-owned): %s", e)
 
     def _admit_compiled(self) -> None:
         ready, failed = self.structured.poll(self._grammar_pending)

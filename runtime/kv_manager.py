@@ -17,11 +17,26 @@ class KVManager:
         self.tree = RadixCache(pool)
         self.table = page_table
         self.radix_enabled = radix_enabled
+        self.evicted_tokens = 0            # cached tokens dropped from the tree to make room
 
     # ---- accounting ------------------------------------------------------
     def available_pages(self) -> int:
         """Pages that could be handed out now: free plus evictable from the tree."""
         return self.pool.num_free + self.tree.evictable_size // self.page_size
+
+    @property
+    def pages_free(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def pages_cached(self) -> int:
+        """Pages owned by the radix tree (some of them also read by running requests)."""
+        return self.tree.num_pages
+
+    @property
+    def pages_used(self) -> int:
+        """Pages held by running requests outside the tree (read from other threads: never negative)."""
+        return max(0, self.pool.num_pages - self.pool.num_free - self.tree.num_pages)
 
     def check_invariant(self, running: list[Request]) -> None:
         held = sum(len(r.pages) - r.tree_len // self.page_size for r in running)
@@ -29,6 +44,10 @@ class KVManager:
         if total != self.pool.num_pages:
             raise AssertionError(f"KV page accounting broken: free {self.pool.num_free} + tree "
                                  f"{self.tree.num_pages} + held {held} != {self.pool.num_pages}")
+        if not running and self.tree.protected_size:
+            # a lock nobody will release: those pages could never be evicted again
+            raise AssertionError(f"KV page accounting broken: {self.tree.protected_size} tree tokens "
+                                 f"still locked with no request running")
 
     def pages_needed(self, req: Request, new_tokens: int) -> int:
         return -(-(req.kv_len + new_tokens) // self.page_size) - len(req.pages)
@@ -54,7 +73,7 @@ class KVManager:
             return True
         short = n - self.pool.num_free
         if short > 0:
-            self.tree.evict(short * self.page_size)
+            self.evicted_tokens += len(self.tree.evict(short * self.page_size)) * self.page_size
         try:
             pages = self.pool.alloc(n)
         except OutOfPagesError:

@@ -114,6 +114,8 @@ class Request:
     tree_len: int = 0
     cached_tokens: int = 0                 # prompt tokens served from the radix cache (first admission)
     first_admitted: bool = False
+    preemptions: int = 0                   # times this request was preempted (it resumes from the tree)
+    held_steps: int = 0                    # steps it waited for another request to prefill a shared prefix
     generator: Any = None                  # torch.Generator when seeded
     detok: Any = None                      # IncrementalDetokenizer
     finish_reason: Optional[str] = None
@@ -129,6 +131,11 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.output_ids.append(token_id)
         self.token_ids.append(token_id)
+
+    @property
+    def priority(self) -> int:
+        """Lower runs first under the `priority` policy."""
+        return self.params.priority
 
     @property
     def num_tokens(self) -> int:

@@ -27,6 +27,7 @@ class SamplingParams:
     logprobs: Optional[int] = None       # number of top alternatives; 0 = only the sampled token
     skip_special_tokens: bool = True
     constraint: Optional[GrammarSpec] = None  # structured output: the text must follow this grammar
+    priority: int = 0                    # lower is admitted first under --schedule-policy priority
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -74,6 +75,8 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not is_int(t) or t < 0 or (vocab_size is not None and t >= vocab_size):
                 fail("stop_token_ids", f"{t!r} is not a token id of this model")
+        if not is_int(self.priority):
+            fail("priority", f"must be an integer, got {self.priority!r}")
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
 

@@ -7,11 +7,20 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from runtime.config import EngineConfig
+from runtime.decode_reservation import DecodeReservation
 from runtime.kv_manager import KVManager
+from runtime.prefix_sharing import PrefixSharing
 from runtime.request import Request, RequestStatus
 from runtime.schedule_policy import make_policy
 
 log = logging.getLogger("radixserve.scheduler")
+
+# Waiting requests examined per step: with a long queue of requests held for prefix sharing,
+# scanning all of it every step would cost more than the step it schedules.
+ADMISSION_SCAN_LIMIT = 256
+# Requests passed over for lack of pages per step, where the order allows it (each costs a
+# prefix match and a release).
+MAX_PASSED_OVER = 16
 
 
 @dataclass
@@ -29,10 +38,17 @@ class ScheduledItem:
 class ScheduledBatch:
     decodes: list[ScheduledItem] = field(default_factory=list)
     extends: list[ScheduledItem] = field(default_factory=list)
+    admitted: int = 0            # requests taken from the queue this step (resumed ones included)
+    cache_hit_tokens: int = 0    # tokens those found in the radix tree
+    held: int = 0                # waiting requests held back for in-batch prefix sharing
 
     @property
     def items(self) -> list[ScheduledItem]:
         return self.decodes + self.extends
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(it.num_tokens for it in self.extends)
 
 
 @dataclass
@@ -41,13 +57,17 @@ class SchedulerStats:
     preemptions: int = 0
     cache_hit_tokens: int = 0     # prompt tokens served from the radix cache on first admission
     prompt_tokens: int = 0        # prompt tokens of admitted requests (= prefix-cache queried tokens)
+    prefill_tokens: int = 0       # tokens computed by prefill chunks, recomputation after preemption included
+    held_for_sharing: int = 0     # times a request waited for another to prefill the prefix they share
 
 
 class Scheduler:
     def __init__(self, config: EngineConfig, kv: KVManager):
         self.config = config
         self.kv = kv
-        self.policy = make_policy(config.schedule_policy)
+        self.policy = make_policy(config.schedule_policy, config.max_queue_wait_boost)
+        self.reservation = DecodeReservation()
+        self.sharing = PrefixSharing(kv.page_size) if self.policy.shares_prefixes and kv.radix_enabled else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = SchedulerStats()
@@ -92,51 +112,81 @@ class Scheduler:
         self._admit(batch, budget, chunk)
         if not (batch.decodes or batch.extends):
             if len(self.running) > 1:
-                # every running prompt is stuck waiting for pages: free some by preempting the newest
-                self.preempt(self.running[-1])
+                # every running prompt is stuck waiting for pages: free some by preempting one
+                self.preempt(self._preemption_victim())
                 return self.schedule()
             return None
+        self.stats.prefill_tokens += batch.prefill_tokens
+        self.reservation.on_step()
         return batch
 
     def _admit(self, batch: ScheduledBatch, budget: int, chunk: int) -> None:
-        if not self.waiting or budget <= 0:
+        max_running = self.config.max_running_requests
+        if not self.waiting or budget <= 0 or len(self.running) >= max_running:
             return
-        order = self.policy.order(self.waiting, self.kv.tree if self.kv.radix_enabled else None)
-        # keep one page per running request free for its next decode token
-        reserve = len(self.running)
-        for req in order:
-            if budget <= 0 or len(self.running) >= self.config.max_running_requests:
+        tree = self.kv.tree if self.kv.radix_enabled else None
+        order = self.policy.order(self.waiting, tree)
+        p = self.kv.page_size
+        # pages the running requests will still need: what is left of their prompts, and a
+        # decaying share of their output budgets
+        reserved = sum(self.reservation.pages(r, p) for r in self.running)
+        if self.sharing is not None:
+            self.sharing.start_pass(self.running)
+        passed_over = 0
+        for scanned, req in enumerate(order.requests):
+            if budget <= 0 or len(self.running) >= max_running or scanned >= ADMISSION_SCAN_LIMIT:
                 break
             if self.kv.table.num_free_rows == 0:
                 break
+            if self.sharing is not None and self.sharing.should_hold(req, tree):
+                batch.held += 1
+                self.stats.held_for_sharing += 1
+                continue
             cached = self.kv.match(req)
             n = min(req.num_tokens - req.kv_len, chunk, budget)
-            need = self.kv.pages_needed(req, n)
-            if self.kv.available_pages() - need < reserve or not self.kv.alloc(req, n):
+            # alone, a request always fits (submit rejects any that could not); next to others,
+            # its own future pages and theirs must fit in what is free or evictable
+            fits = not self.running or self.kv.available_pages() - self.reservation.pages(req, p) >= reserved
+            if not fits or not self.kv.alloc(req, n):
                 self.kv.release(req, cache=False)
-                break
-            self.waiting.remove(req)
-            req.status = RequestStatus.RUNNING
-            if not req.first_admitted:
-                req.first_admitted = True
-                req.cached_tokens = cached
-                self.stats.cache_hit_tokens += cached
-                self.stats.prompt_tokens += len(req.prompt_ids)
-            self.running.append(req)
+                passed_over += 1
+                if scanned < order.strict or passed_over >= MAX_PASSED_OVER:
+                    break  # nothing may overtake it
+                continue  # past the strict head the order is a preference (see AdmissionOrder)
+            reserved += self.reservation.pages(req, p)
+            self._start(req, cached, batch)
             batch.extends.append(ScheduledItem(req, n))
             budget -= n
+
+    def _start(self, req: Request, cached: int, batch: ScheduledBatch) -> None:
+        self.waiting.remove(req)
+        req.status = RequestStatus.RUNNING
+        req.held_steps = 0
+        if not req.first_admitted:
+            req.first_admitted = True
+            req.cached_tokens = cached
+            self.stats.cache_hit_tokens += cached
+            self.stats.prompt_tokens += len(req.prompt_ids)
+        batch.admitted += 1
+        batch.cache_hit_tokens += cached
+        self.running.append(req)
+        if self.sharing is not None:
+            self.sharing.add_leader(req)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("admit %s: %d of %d tokens cached%s", req.request_id, cached, req.num_tokens,
+                      f" (resumed after {req.preemptions} preemptions)" if req.preemptions else "")
 
     def _decodes_with_pages(self) -> list[Request]:
         """Running requests ready to decode, each with a page for its next token.
 
-        When pages run out even after eviction, the newest request is preempted:
-        its computed tokens go into the tree and it waits at the front of the queue.
+        When pages run out even after eviction, the request with the least progress is
+        preempted: its computed tokens go into the tree and it waits at the front of the queue.
         """
         ready = [r for r in self.running if r.num_tokens - r.kv_len == 1]
         granted: list[Request] = []
         for req in ready:
             while req in self.running and not self.kv.alloc(req, 1):
-                victim = self.running[-1]
+                victim = self._preemption_victim()
                 self.preempt(victim)
                 if victim in granted:
                     granted.remove(victim)
@@ -144,11 +194,17 @@ class Scheduler:
                 granted.append(req)
         return granted
 
+    def _preemption_victim(self) -> Request:
+        """Fewest output tokens (least work lost, and its prompt is likely still cached); ties: newest."""
+        return min(reversed(self.running), key=lambda r: len(r.output_ids))
+
     def preempt(self, req: Request) -> None:
         self.stats.preemptions += 1
-        log.debug("preempting %s at %d tokens", req.request_id, req.num_tokens)
+        req.preemptions += 1
+        self.reservation.on_preemption()
+        log.debug("preempting %s at %d tokens (%d generated)", req.request_id, req.num_tokens,
+                  len(req.output_ids))
         self.running.remove(req)
         self.kv.release(req, cache=True)
         req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
-
