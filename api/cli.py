@@ -26,7 +26,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule-policy", default=d.schedule_policy, choices=SCHEDULE_POLICIES,
                    help="waiting-queue order: lpm = longest cached prefix first")
     p.add_argument("--max-queue-wait-boost", type=float, default=d.max_queue_wait_boost,
-                   help="seconds a request may wait before lpm / dfs-weight admit it first")
+                   help="seconds after which a waiting request jumps ahead of newer ones under lpm / dfs-weight")
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "torch"])
     p.add_argument("--grammar-backend", default=d.grammar_backend, choices=list(GRAMMAR_BACKENDS),
