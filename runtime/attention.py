@@ -5,7 +5,7 @@ from typing import Protocol
 
 import torch
 
-from kernels.paged_attention import cascade_decode_attention, decode_attention, extend_attention, write_kv
+from kernels.paged_attention import decode_attention, extend_attention, write_kv
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVCache
 
@@ -30,23 +30,15 @@ class TorchAttentionBackend:
         write_kv(k_cache, v_cache, batch.out_slots, k, v)
         nd = batch.num_decode
         if nd == q.shape[0]:
-            return self._decode(q, k_cache, v_cache, batch)
+            return decode_attention(q, k_cache, v_cache, batch.decode_pages, batch.decode_mask, self.scale)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = self._decode(q[:nd], k_cache, v_cache, batch)
+            out[:nd] = decode_attention(q[:nd], k_cache, v_cache, batch.decode_pages, batch.decode_mask, self.scale)
         for seg in batch.extends:
             rows = slice(seg.start, seg.start + seg.length)
             out[rows] = extend_attention(q[rows], k[rows], v[rows], k_cache, v_cache,
                                          seg.context_slots, seg.prefix_len, self.scale)
         return out
-
-
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                batch: ForwardBatch) -> torch.Tensor:
-        if batch.shared_prefix_groups:
-            return cascade_decode_attention(q, k_cache, v_cache, batch.decode_pages, batch.decode_mask,
-                                            batch.shared_prefix_groups, self.scale)
-        return decode_attention(q, k_cache, v_cache, batch.decode_pages, batch.decode_mask, self.scale)
 
 
 def make_attention_backend(name: str, kv_cache: KVCache, head_dim: int) -> AttentionBackend:

@@ -393,7 +393,7 @@ def collect(stream: OutputStream) -> CompletionResult:
     """Drain a stream into one result."""
     text, ids, lps = [], [], []
     last = None
-    for out in stream:
+    for out in stream.wait_finished():
         text.append(out.text)
         ids.extend(out.token_ids)
         lps.extend(out.logprobs)

@@ -17,25 +17,16 @@ class ExtendSegment:
 
 
 @dataclass
-class SharedPrefixGroup:
-    """Decodes that share their leading KV pages: attention reads those pages once for all of them."""
-    members: torch.Tensor                   # [g] decode rows
-    pages: torch.Tensor                     # [n] the shared pages, in position order
-
-
-@dataclass
 class ForwardBatch:
     """Decode rows come first (one token each), then extend segments; no padding between requests."""
     input_ids: torch.Tensor                 # [T]
     positions: torch.Tensor                 # [T]
     out_slots: torch.Tensor                 # [T] where each new token's K/V is written
     num_decode: int
-    # each decode's pages after its group's shared prefix (all its pages when ungrouped), padded
-    decode_pages: Optional[torch.Tensor]    # [num_decode, max_pages]
+    decode_pages: Optional[torch.Tensor]    # [num_decode, max_pages] page table rows (padded)
     decode_mask: Optional[torch.Tensor]     # [num_decode, 1, 1, max_pages * page_size] True = attend
     extends: list[ExtendSegment] = field(default_factory=list)
     sample_rows: Optional[torch.Tensor] = None  # rows whose logits are needed
-    shared_prefix_groups: list[SharedPrefixGroup] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -5,38 +5,8 @@ import torch
 
 from radix import RequestPageTable
 from runtime.attention import AttentionBackend
-from runtime.forward_batch import ExtendSegment, ForwardBatch, SharedPrefixGroup
+from runtime.forward_batch import ExtendSegment, ForwardBatch
 from runtime.scheduler import ScheduledBatch
-
-
-# A group's shared prefix is read once for all its members; below this many tokens saved
-# (shared tokens x extra members) the extra attention calls per layer cost more than they save.
-MIN_SHARED_TOKENS_SAVED = 256
-
-
-def shared_prefix_groups(reqs: list, page_size: int) -> list[tuple[list[int], int]]:
-    """Decodes whose page tables start with the same pages (a prompt prefix shared through the
-    radix tree): (member indices, number of common leading pages) for groups worth cascading."""
-    by_first: dict[int, list[int]] = {}
-    for i, r in enumerate(reqs):
-        if r.pages:
-            by_first.setdefault(r.pages[0], []).append(i)
-    groups = []
-    for members in by_first.values():
-        if len(members) < 2:
-            continue
-        first = reqs[members[0]].pages
-        n = min(len(reqs[i].pages) for i in members)
-        for i in members[1:]:
-            pages = reqs[i].pages
-            k = 0
-            while k < n and pages[k] == first[k]:
-                k += 1
-            n = k
-        # the page holding a decode's new token is its own, so common pages are whole cached pages
-        if n and n * page_size * (len(members) - 1) >= MIN_SHARED_TOKENS_SAVED:
-            groups.append((members, n))
-    return groups
 
 
 class ModelRunner:
@@ -85,28 +55,22 @@ class ModelRunner:
                 sample_rows.append(start + n - 1)
 
         decode_pages = decode_mask = None
-        groups: list[SharedPrefixGroup] = []
         if batch.decodes:
-            reqs = [it.req for it in batch.decodes]
-            shared = [0] * len(reqs)  # leading pages each decode reads through its group instead
-            for members, n_shared in shared_prefix_groups(reqs, p):
-                for i in members:
-                    shared[i] = n_shared
-                groups.append(SharedPrefixGroup(torch.tensor(members, device=self.device),
-                                                torch.tensor(reqs[members[0]].pages[:n_shared], device=self.device)))
-            # each decode's own pages, padded with the zeroed padding page (never a stale one)
-            own = [r.pages[s: -(-(r.kv_len + 1) // p)] for r, s in zip(reqs, shared)]
-            width = max(len(o) for o in own)
-            decode_pages = torch.tensor([o + [self.pad_page] * (width - len(o)) for o in own], device=self.device)
-            lens = torch.tensor([r.kv_len + 1 - s * p for r, s in zip(reqs, shared)], device=self.device)
-            decode_mask = (torch.arange(width * p, device=self.device) < lens.unsqueeze(1))[:, None, None, :]
+            lens = torch.tensor([it.req.kv_len + 1 for it in batch.decodes], device=self.device)
+            rows = torch.tensor([it.req.page_row for it in batch.decodes], device=self.device)
+            n_pages = -(-int(lens.max()) // p)
+            decode_pages = self.table[rows, :n_pages]
+            # pages past a request's end read the zeroed padding page, never a stale one
+            page_used = torch.arange(n_pages, device=self.device) * p < lens.unsqueeze(1)
+            decode_pages = decode_pages.masked_fill(~page_used, self.pad_page)
+            decode_mask = (torch.arange(n_pages * p, device=self.device) < lens.unsqueeze(1))[:, None, None, :]
 
         def t(xs):
             return torch.tensor(xs, dtype=torch.long, device=self.device)
 
         return ForwardBatch(input_ids=t(ids), positions=t(positions), out_slots=t(out_slots),
                             num_decode=len(batch.decodes), decode_pages=decode_pages, decode_mask=decode_mask,
-                            extends=extends, sample_rows=t(sample_rows), shared_prefix_groups=groups)
+                            extends=extends, sample_rows=t(sample_rows))
 
     def forward(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits [rows that sample, vocab], in the order of `batch.items` that sample."""

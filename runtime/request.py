@@ -54,11 +54,13 @@ class OutputStream:
         self._cond = threading.Condition()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self._done = False
+        self._final_only = False
 
     def put(self, out: RequestOutput) -> None:
         with self._cond:
             self._items.append(out)
-            self._cond.notify_all()
+            if out.finished or not self._final_only:
+                self._cond.notify_all()
             waiters = list(self._waiters)
         for loop, event in waiters:
             loop.call_soon_threadsafe(event.set)
@@ -66,6 +68,19 @@ class OutputStream:
     def _pop(self) -> Optional[RequestOutput]:
         with self._cond:
             return self._items.popleft() if self._items else None
+
+    def wait_finished(self) -> list[RequestOutput]:
+        """Block until the request ends and return all its outputs. Unlike iterating, the waiting
+        thread is woken once, not per token: with many requests in flight on few cores, per-token
+        wake-ups of the consumer take CPU from the engine."""
+        with self._cond:
+            self._final_only = True
+            while not (self._items and self._items[-1].finished):
+                self._cond.wait()
+            items = list(self._items)
+            self._items.clear()
+        self._done = True
+        return items
 
     def __iter__(self):
         while not self._done:
