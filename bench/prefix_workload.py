@@ -20,7 +20,6 @@ import platform
 import random
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -31,7 +30,6 @@ sys.path.insert(0, str(ROOT))
 from runtime.config import EngineConfig  # noqa: E402
 from runtime.engine import Engine  # noqa: E402
 from runtime.models.loader import load_model_files  # noqa: E402
-from runtime.request import OutputStream  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
 
 RUNS = {  # name -> EngineConfig overrides
@@ -57,33 +55,6 @@ def pool_tokens(args) -> int:
     return int(args.pool_prompts * per_request) // 16 * 16 + 16
 
 
-class Timings:
-    """Time to first token and to the end of each stream, read by one thread per stream."""
-
-    def __init__(self, streams: list[OutputStream], t0: float):
-        self.first: list[float] = [0.0] * len(streams)
-        self.tokens: list[int] = [0] * len(streams)
-        self.errors: list[str] = []
-        self._threads = [threading.Thread(target=self._read, args=(i, s, t0), daemon=True)
-                         for i, s in enumerate(streams)]
-        for t in self._threads:
-            t.start()
-
-    def _read(self, i: int, stream: OutputStream, t0: float) -> None:
-        for out in stream:
-            if not self.first[i] and out.token_ids:
-                self.first[i] = time.perf_counter() - t0
-            self.tokens[i] += len(out.token_ids)
-            if out.error:
-                self.errors.append(out.error)
-
-    def join(self) -> None:
-        for t in self._threads:
-            t.join()
-        if self.errors:
-            raise RuntimeError(f"{len(self.errors)} requests failed: {self.errors[0]}")
-
-
 def run_one(name: str, overrides: dict, files, prompts, args) -> dict:
     config = EngineConfig(dtype=args.dtype, kv_cache_tokens=pool_tokens(args), **overrides)
     engine = Engine(config, model_files=files)
@@ -93,15 +64,18 @@ def run_one(name: str, overrides: dict, files, prompts, args) -> dict:
         base = engine.stats()
         params = SamplingParams(max_tokens=args.output_tokens, temperature=0.0, ignore_eos=True)
         t0 = time.perf_counter()
-        timings = Timings([engine.submit(p, params) for p in prompts], t0)
-        timings.join()
+        # one wake-up per request: per-token reader threads would take CPU from the engine
+        finals = [s.wait_finished()[-1] for s in [engine.submit(p, params) for p in prompts]]
         elapsed = time.perf_counter() - t0
         s = engine.stats()
     finally:
         engine.shutdown()
-    ttft = sorted(timings.first)
+    errors = [f.error for f in finals if f.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed: {errors[0]}")
+    ttft = sorted(f.time_to_first_token for f in finals)
     queried = s.prefix_cache_queried_tokens - base.prefix_cache_queried_tokens
-    out_tokens = sum(timings.tokens)
+    out_tokens = sum(f.completion_tokens for f in finals)
     row = {
         "run": name, "seconds": round(elapsed, 2), "output_tokens": out_tokens,
         "output_tok_per_s": round(out_tokens / elapsed, 1),

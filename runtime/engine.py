@@ -338,6 +338,8 @@ class Engine:
     def _commit(self, req: Request, token: int, logprob) -> None:
         p = req.params
         req.append_token(token)
+        if req.first_token_time is None:
+            req.first_token_time = time.monotonic()
         self.generation_tokens += 1
         if logprob is not None:
             req.logprobs.append(logprob)
@@ -386,6 +388,7 @@ class Engine:
         req.stream.put(RequestOutput(
             req.request_id, text, [token] if token is not None else [], [logprob] if logprob else [],
             finish_reason=reason, error=error, error_kind=error_kind, prompt_tokens=len(req.prompt_ids),
+            time_to_first_token=(req.first_token_time - req.arrival_time) if req.first_token_time else None,
             completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens))
 
 

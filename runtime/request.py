@@ -39,6 +39,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    time_to_first_token: Optional[float] = None  # seconds from submit, on the final output
 
     @property
     def finished(self) -> bool:
@@ -119,6 +120,7 @@ class Request:
     params: SamplingParams
     stream: OutputStream
     arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: Optional[float] = None
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
     # KV state: positions [0, kv_len) are computed; pages[i] holds positions [i*P, (i+1)*P)

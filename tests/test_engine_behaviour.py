@@ -231,3 +231,10 @@ def test_empty_prompt_is_rejected(make_engine):
     engine = make_engine()
     with pytest.raises(ValueError, match="prompt"):
         engine.submit([], SamplingParams())
+
+
+def test_final_output_reports_time_to_first_token(make_engine):
+    engine = make_engine()
+    outputs = list(engine.submit("Once upon a time", SamplingParams(max_tokens=3, temperature=0.0)))
+    assert outputs[-1].time_to_first_token is not None and outputs[-1].time_to_first_token > 0
+    assert all(o.time_to_first_token is None for o in outputs[:-1])
