@@ -124,11 +124,9 @@ class _ChatReply:
         for c in self.gen.choices:
             yield self._chunk(c.index, {"role": "assistant", "content": ""})
         async for choice, out in self.gen.outputs():
-            choice.record(out)
-            if out.finish_reason == "error":
-                log.error("request %s failed in the engine: %s", choice.request_id, out.error)
-                choice.timer.finish("error")
-                yield internal_error(choice.request_id).body()
+            failure = self.gen.record(choice, out)
+            if failure is not None:
+                yield failure
                 return
             logprobs = (chat_logprobs(out.logprobs, self.state.token_texts, self.top_k)
                         if self.req.logprobs and out.logprobs else None)

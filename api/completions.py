@@ -111,11 +111,9 @@ class _CompletionReply:
                 yield responses.completion_chunk(self.rid, self.created, self.model, c.index, self.echoes[c.index],
                                                  with_usage_field=include_usage)
         async for choice, out in self.gen.outputs():
-            choice.record(out)
-            if out.finish_reason == "error":
-                log.error("request %s failed in the engine: %s", choice.request_id, out.error)
-                choice.timer.finish("error")
-                yield internal_error(choice.request_id).body()
+            failure = self.gen.record(choice, out)
+            if failure is not None:
+                yield failure
                 return
             logprobs = self._logprobs(out.logprobs, offsets[choice.index]) if out.logprobs else None
             if logprobs:

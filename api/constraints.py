@@ -6,7 +6,8 @@ OpenAI `response_format`, vLLM `structured_outputs` and `guided_*`, SGLang top-l
 from __future__ import annotations
 
 import json
-from typing import Callable, Optional
+from functools import partial
+from typing import Any, Callable, Optional
 
 from api.errors import bad_request
 from api.protocol import GenerationRequest
@@ -60,24 +61,18 @@ def _parse_tag(payload):
     return payload
 
 
+# SGLang's and vLLM's top-level constraint fields, and the kind of grammar each one holds
+_TOP_LEVEL_FIELDS: dict[str, Callable[[Any], GrammarSpec]] = {
+    "regex": GrammarSpec.regex, "ebnf": GrammarSpec.ebnf, "json_schema": GrammarSpec.json_schema,
+    "guided_json": GrammarSpec.json_schema, "guided_regex": GrammarSpec.regex,
+    "guided_choice": GrammarSpec.choice, "guided_grammar": GrammarSpec.ebnf,
+}
+
+
 def _top_level(req: GenerationRequest) -> dict[str, Builder]:
-    """SGLang's and vLLM's top-level fields that are set, by field name."""
-    found: dict[str, Builder] = {}
-    if req.regex is not None:
-        found["regex"] = lambda: GrammarSpec.regex(req.regex)
-    if req.ebnf is not None:
-        found["ebnf"] = lambda: GrammarSpec.ebnf(req.ebnf)
-    if req.json_schema is not None:
-        found["json_schema"] = lambda: GrammarSpec.json_schema(req.json_schema)
-    if req.guided_json is not None:
-        found["guided_json"] = lambda: GrammarSpec.json_schema(req.guided_json)
-    if req.guided_regex is not None:
-        found["guided_regex"] = lambda: GrammarSpec.regex(req.guided_regex)
-    if req.guided_choice is not None:
-        found["guided_choice"] = lambda: GrammarSpec.choice(req.guided_choice)
-    if req.guided_grammar is not None:
-        found["guided_grammar"] = lambda: GrammarSpec.ebnf(req.guided_grammar)
-    return found
+    """The top-level constraint fields that are set, by field name."""
+    return {name: partial(build, getattr(req, name)) for name, build in _TOP_LEVEL_FIELDS.items()
+            if getattr(req, name) is not None}
 
 
 def request_constraint(req: GenerationRequest,

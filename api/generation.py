@@ -11,7 +11,7 @@ from typing import AsyncIterator, Optional, Sequence
 
 from starlette.requests import Request
 
-from api.errors import APIError, bad_request, overloaded
+from api.errors import APIError, bad_request, internal_error, overloaded
 from api.metrics import RequestTimer, ServerMetrics
 from grammar.spec import GRAMMAR_KINDS, GrammarError
 from runtime.engine import Engine, EngineOverloadedError
@@ -112,6 +112,16 @@ class Generation:
                 if param and not message.startswith(param):
                     message = f"{param}: {message}"
                 raise bad_request(message, param=param, code="invalid_grammar")
+
+    def record(self, choice: Choice, out: RequestOutput) -> Optional[dict]:
+        """Record a streamed output; on an engine failure, the error event to send instead (the
+        stream then ends)."""
+        choice.record(out)
+        if out.finish_reason != "error":
+            return None
+        log.error("request %s failed in the engine: %s", choice.request_id, out.error)
+        choice.timer.finish("error")
+        return internal_error(choice.request_id).body()
 
     async def outputs(self) -> AsyncIterator[tuple[Choice, RequestOutput]]:
         """Every choice's outputs, merged in arrival order; the caller records them."""
