@@ -90,6 +90,9 @@ class Generation:
         except ValueError as e:
             self.abort()
             raise rename_engine_error(e, self.renames, self.constraint_field) from None
+        except BaseException:
+            self.abort()
+            raise
         choice = Choice(index, rid, stream, RequestTimer(self.metrics, self.arrival), prompt_tokens=len(prompt_ids))
         self.choices.append(choice)
         return choice

@@ -11,13 +11,59 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+import queue
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import Any
 
 from grammar.backend import GrammarBackend
 from grammar.spec import GrammarError, GrammarSpec
+
+
+class _DaemonPool:
+    """A few daemon worker threads running Futures. Not a ThreadPoolExecutor: Python joins its
+    workers at exit, so one compile stuck in native code would keep the server from exiting."""
+
+    def __init__(self, workers: int, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            future, fn, args = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:
+                future.set_exception(e)
+
+    def shutdown(self, wait: bool) -> None:
+        """Cancel the jobs not started; workers stop after their current one (joined when `wait`)."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        if wait:
+            for t in self._threads:
+                t.join()
 
 
 @dataclass
@@ -84,7 +130,7 @@ class GrammarCompiler:
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
+        self._pool = _DaemonPool(max_workers, "grammar-compile")
         self._closed = False
 
     def submit(self, spec: GrammarSpec) -> CompileHandle:
@@ -148,7 +194,7 @@ class GrammarCompiler:
         """Cancel what has not started and stop the worker threads (joined when `wait`)."""
         with self._lock:
             self._closed = True
-        self._pool.shutdown(wait=wait, cancel_futures=True)
+        self._pool.shutdown(wait=wait)
 
     def __enter__(self) -> "GrammarCompiler":
         return self

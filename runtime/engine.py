@@ -155,15 +155,21 @@ class Engine:
         req.detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens)
         if params.constraint is not None:
             self.structured.start(req)  # an unsupported kind raises here; compile errors arrive later
-        with self._lock:
-            if rid in self._requests:
-                raise ValueError(f"request_id {rid!r} is already in use")
-            if len(self._requests) >= self.config.max_waiting_requests + self.config.max_running_requests:
-                if req.grammar is not None:
-                    req.grammar.cancel()
-                raise EngineOverloadedError("server overloaded: too many requests waiting")
-            self._requests[rid] = req
-        self._inbox.put(("add", req))
+        try:
+            with self._lock:
+                # checked under the lock: once shutdown has begun, nothing new gets in
+                if self._stop.is_set():
+                    raise RuntimeError("engine is shut down")
+                if rid in self._requests:
+                    raise ValueError(f"request_id {rid!r} is already in use")
+                if len(self._requests) >= self.config.max_waiting_requests + self.config.max_running_requests:
+                    raise EngineOverloadedError("server overloaded: too many requests waiting")
+                self._requests[rid] = req
+                self._inbox.put(("add", req))
+        except BaseException:
+            if req.grammar is not None:
+                req.grammar.cancel()
+            raise
         return stream
 
     def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
@@ -210,12 +216,14 @@ class Engine:
 
     def flush_cache(self) -> None:
         """Drop all cached prefixes once the engine is idle (blocks until it is)."""
+        self._ensure_running()
         done = threading.Event()
         self._inbox.put(("flush", done))
         done.wait()
 
     def check_idle_invariant(self) -> None:
         """Raise unless every page is free or in the tree (call when no request is in flight)."""
+        self._ensure_running()
         done = threading.Event()
         result: list = []
         self._inbox.put(("check", (done, result)))
@@ -223,8 +231,13 @@ class Engine:
         if result:
             raise result[0]
 
+    def _ensure_running(self) -> None:
+        if self._stop.is_set() or not self._thread.is_alive():
+            raise RuntimeError("engine is shut down")
+
     def shutdown(self) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
         self.structured.shutdown()
@@ -239,33 +252,58 @@ class Engine:
     def _loop(self) -> None:
         was_idle = True
         while not self._stop.is_set():
-            idle = not self.scheduler.has_work()
-            if idle and not was_idle:
-                self._check_pages_when_idle()
-            was_idle = idle
-            # while grammars compile, wake up often to see whether they are ready
-            self._drain_inbox(timeout=(0.005 if self._grammar_pending else 0.5) if idle else None)
-            if self._stop.is_set():
+            try:
+                was_idle = self._iterate(was_idle)
+            except Exception as e:  # outside a step: the queues may be inconsistent, so end everything
+                log.error("engine loop failed: %s\n%s", e, traceback.format_exc())
+                self._end_all("error", error=f"internal error: {e}", error_kind="internal")
+        self._end_all("abort")
+
+    def _iterate(self, was_idle: bool) -> bool:
+        """One pass of the loop; returns whether the engine was idle."""
+        idle = not self.scheduler.has_work()
+        if idle and not was_idle:
+            self._check_pages_when_idle()
+        # while grammars compile, wake up often to see whether they are ready
+        self._drain_inbox(timeout=(0.005 if self._grammar_pending else 0.5) if idle else None)
+        if self._stop.is_set():
+            return idle
+        if self._grammar_pending:
+            self._admit_compiled()
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return idle
+        try:
+            t0 = time.perf_counter()
+            self._step(batch)
+            self.last_step_seconds, self.last_batch_size = time.perf_counter() - t0, len(batch.items)
+            if log.isEnabledFor(logging.DEBUG):
+                self._log_step(batch)
+        except Exception as e:  # a bug or device error: fail the batch, keep serving
+            log.error("engine step failed: %s\n%s", e, traceback.format_exc())
+            for item in batch.items:
+                if not item.req.is_finished:
+                    self._finish(item.req, "error", error=f"internal error: {e}", error_kind="internal",
+                                 cache=False)
+        return idle
+
+    def _end_all(self, reason: str, error: Optional[str] = None, error_kind: Optional[str] = None) -> None:
+        """Finish every submitted request, including those whose "add" is still in the inbox, so that
+        no stream is left without a final output."""
+        while True:
+            try:
+                self._inbox.get_nowait()
+            except queue.Empty:
                 break
-            if self._grammar_pending:
-                self._admit_compiled()
-            batch = self.scheduler.schedule()
-            if batch is None:
+        with self._lock:
+            pending = list(self._requests.values())
+        for req in pending:
+            if req.is_finished:
                 continue
             try:
-                t0 = time.perf_counter()
-                self._step(batch)
-                self.last_step_seconds, self.last_batch_size = time.perf_counter() - t0, len(batch.items)
-                if log.isEnabledFor(logging.DEBUG):
-                    self._log_step(batch)
-            except Exception as e:  # a bug or device error: fail the batch, keep serving
-                log.error("engine step failed: %s\n%s", e, traceback.format_exc())
-                for item in batch.items:
-                    if not item.req.is_finished:
-                        self._finish(item.req, "error", error=f"internal error: {e}", error_kind="internal",
-                                     cache=False)
-        for req in list(self.scheduler.running) + list(self.scheduler.waiting) + self._grammar_pending:
-            self._finish(req, "abort", cache=False)
+                self._finish(req, reason, error=error, error_kind=error_kind, cache=False)
+            except Exception:  # its stream has ended all the same (see _finish)
+                log.error("could not release %s cleanly:\n%s", req.request_id, traceback.format_exc())
 
     def _log_step(self, batch: ScheduledBatch) -> None:
         kv = self.kv
@@ -286,8 +324,8 @@ class Engine:
         ready, failed = self.structured.poll(self._grammar_pending)
         for req in ready:
             self.scheduler.add(req)
-        for req, message in failed:
-            self._finish(req, "error", error=message, error_kind="invalid_request", cache=False)
+        for req, message, kind in failed:
+            self._finish(req, "error", error=message, error_kind=kind, cache=False)
 
     def _drain_inbox(self, timeout: Optional[float]) -> None:
         """Handle every queued message; wait up to `timeout` seconds for the first (None: no wait)."""
@@ -375,21 +413,25 @@ class Engine:
     def _finish(self, req: Request, reason: str, token: Optional[int] = None, logprob=None,
                 error: Optional[str] = None, error_kind: Optional[str] = None, cache: bool = True) -> None:
         req.finish_reason = reason
-        if req.grammar is not None:
-            req.grammar.cancel()  # no-op once compiled; stops waiting for a compile in flight
-            if req in self._grammar_pending:
-                self._grammar_pending.remove(req)
-        req.grammar = req.matcher = None
         req.status = RequestStatus.ABORTED if reason in ("abort", "error") else RequestStatus.FINISHED
-        self.scheduler.remove(req, cache=cache)
-        with self._lock:
-            self._requests.pop(req.request_id, None)
-        text = req.detok.pop_delta(final=True) if reason != "error" else ""
-        req.stream.put(RequestOutput(
-            req.request_id, text, [token] if token is not None else [], [logprob] if logprob else [],
-            finish_reason=reason, error=error, error_kind=error_kind, prompt_tokens=len(req.prompt_ids),
-            time_to_first_token=(req.first_token_time - req.arrival_time) if req.first_token_time else None,
-            completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens))
+        text = ""
+        try:
+            if req.grammar is not None:
+                req.grammar.cancel()  # no-op once compiled; stops waiting for a compile in flight
+                if req in self._grammar_pending:
+                    self._grammar_pending.remove(req)
+            req.grammar = req.matcher = None
+            self.scheduler.remove(req, cache=cache)
+            if reason != "error":
+                text = req.detok.pop_delta(final=True)
+        finally:  # whatever failed above, the stream gets its final output
+            with self._lock:
+                self._requests.pop(req.request_id, None)
+            req.stream.put(RequestOutput(
+                req.request_id, text, [token] if token is not None else [], [logprob] if logprob else [],
+                finish_reason=reason, error=error, error_kind=error_kind, prompt_tokens=len(req.prompt_ids),
+                time_to_first_token=(req.first_token_time - req.arrival_time) if req.first_token_time else None,
+                completion_tokens=len(req.output_ids), cached_tokens=req.cached_tokens))
 
 
 def collect(stream: OutputStream) -> CompletionResult:

@@ -64,8 +64,8 @@ class StructuredOutput:
         req.grammar = self.compiler.submit(spec)
 
     # ---- engine thread --------------------------------------------------------
-    def poll(self, pending: list[Request]) -> tuple[list[Request], list[tuple[Request, str]]]:
-        """Split pending requests into (ready, failed with message); the rest stay pending."""
+    def poll(self, pending: list[Request]) -> tuple[list[Request], list[tuple[Request, str, str]]]:
+        """Split pending requests into (ready, failed with message and error kind); the rest stay pending."""
         ready, failed, still = [], [], []
         for req in pending:
             if not req.grammar.done():
@@ -75,7 +75,9 @@ class StructuredOutput:
                 req.matcher = self.backend.matcher(req.grammar.result())
                 ready.append(req)
             except GrammarError as e:
-                failed.append((req, str(e)))
+                failed.append((req, str(e), "invalid_request"))
+            except Exception as e:  # a backend bug: this request fails, the engine keeps going
+                failed.append((req, f"internal error: grammar matcher: {e}", "internal"))
         pending[:] = still
         return ready, failed
 

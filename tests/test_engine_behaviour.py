@@ -238,3 +238,24 @@ def test_final_output_reports_time_to_first_token(make_engine):
     outputs = list(engine.submit("Once upon a time", SamplingParams(max_tokens=3, temperature=0.0)))
     assert outputs[-1].time_to_first_token is not None and outputs[-1].time_to_first_token > 0
     assert all(o.time_to_first_token is None for o in outputs[:-1])
+
+
+def test_shutdown_ends_every_submitted_stream(default_model_files):
+    from runtime.config import EngineConfig
+    from runtime.engine import Engine
+
+    engine = Engine(EngineConfig(dtype="float32", kv_cache_tokens=4096, max_running_requests=2),
+                    model_files=default_model_files)
+    # more requests than can run: some are running, some waiting, some maybe still in the inbox
+    streams = [engine.submit(f"Story number {i}:", SamplingParams(max_tokens=200, ignore_eos=True))
+               for i in range(6)]
+    engine.shutdown()
+    for stream in streams:
+        finals: list = []
+        reader = threading.Thread(target=lambda s=stream: finals.append(s.wait_finished()[-1]), daemon=True)
+        reader.start()
+        reader.join(timeout=10)
+        assert finals and finals[0].finish_reason == "abort", "a stream never got its final output"
+    engine.kv.check_invariant([])
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.submit("more", SamplingParams(max_tokens=1))
