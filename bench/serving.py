@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import httpx
+import jsonschema
 
 WORDS = ("time year people way day man thing woman life child world school state family student group country "
          "problem hand part place case week company system program question work government number night point "
@@ -103,6 +104,7 @@ class RequestResult:
     cached_tokens: int = 0
     error: str = ""
     text: str = ""
+    valid: Optional[bool] = None  # json-schema workload: the reply parses and validates
 
     @property
     def tpot(self) -> Optional[float]:
@@ -169,10 +171,21 @@ async def run_session(client: httpx.AsyncClient, args: argparse.Namespace, sessi
         if args.ignore_eos:
             body["ignore_eos"] = True
         r = await stream_chat(client, args.base_url.rstrip("/") + "/chat/completions", body)
+        schema = ((session.extra.get("response_format") or {}).get("json_schema") or {}).get("schema")
+        if schema is not None and r.ok:
+            r.valid = reply_validates(r.text, schema)
         results.append(r)
         if not r.ok:
             return
         messages.append({"role": "assistant", "content": r.text})
+
+
+def reply_validates(text: str, schema: dict) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+    return True
 
 
 # ---- load patterns ------------------------------------------------------------------------------
@@ -234,6 +247,8 @@ def summarise(results: list[RequestResult], elapsed: float) -> dict[str, Any]:
         "tpot_s": _stats([t for r in ok if (t := r.tpot) is not None]),
         "itl_s": _stats([x for r in ok for x in r.itl]),
         "e2e_s": _stats([r.e2e for r in ok]),
+        **({"valid_json_share": sum(bool(r.valid) for r in checked) / len(checked)}
+           if (checked := [r for r in ok if r.valid is not None]) else {}),
     }
 
 
@@ -321,7 +336,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{summary['load']:>16}: {summary['completed']}/{summary['requests']} ok, "
               f"{summary['request_throughput']:.2f} req/s, {summary['output_tokens_per_s']:.1f} out tok/s, "
               f"TTFT p50 {_fmt(summary['ttft_s']['p50'])} p99 {_fmt(summary['ttft_s']['p99'])}, "
-              f"TPOT p50 {_fmt(summary['tpot_s']['p50'])}, cached {summary['cached_token_ratio']:.0%}", flush=True)
+              f"TPOT p50 {_fmt(summary['tpot_s']['p50'])}, cached {summary['cached_token_ratio']:.0%}"
+              + (f", valid JSON {summary['valid_json_share']:.0%}" if "valid_json_share" in summary else ""),
+              flush=True)
     config = {k: v for k, v in vars(args).items() if k not in ("api_key", "out", "chart")}
     report = {"server": {"base_url": args.base_url, "model": args.model},
               "machine": {"platform": platform.platform(), "python": platform.python_version()},
