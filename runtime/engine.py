@@ -290,11 +290,17 @@ class Engine:
     def _end_all(self, reason: str, error: Optional[str] = None, error_kind: Optional[str] = None) -> None:
         """Finish every submitted request, including those whose "add" is still in the inbox, so that
         no stream is left without a final output."""
-        while True:
+        while True:  # release anyone blocked on a message the loop will not handle now
             try:
-                self._inbox.get_nowait()
+                kind, arg = self._inbox.get_nowait()
             except queue.Empty:
                 break
+            if kind == "flush":
+                arg.set()
+            elif kind == "check":
+                done, result = arg
+                result.append(RuntimeError(f"engine requests ended ({reason})"))
+                done.set()
         with self._lock:
             pending = list(self._requests.values())
         for req in pending:
