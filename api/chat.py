@@ -7,7 +7,6 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Optional
 
-from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -20,7 +19,6 @@ from api.logprobs import chat_logprobs
 from api.protocol import ChatCompletionRequest
 from api.sampling import choice_seed, resolve_max_tokens, sampling_params
 from api.state import ServerState
-from api.streaming import sse_response
 from api.tools import ToolCall, ToolCallParser, plan_tools
 
 log = logging.getLogger("radixserve.api")
@@ -48,17 +46,9 @@ async def create_chat_completion(req: ChatCompletionRequest, http: Request, stat
     for i in range(req.n):
         gen.submit(prompt_ids, sampling_params(req, max_tokens, top_k if req.logprobs else None, constraint,
                                                choice_seed(req.seed, i)))
-    try:
-        if constraint is not None:
-            await gen.check_first_outputs(http)
-        parsers = {c.index: plan.new_parser() for c in gen.choices}
-        reply = _ChatReply(req, state, gen, model, rid, parsers)
-        if req.stream:
-            return sse_response(reply.chunks(), on_close=gen.abort)
-        return JSONResponse(await reply.whole(http))
-    except BaseException:
-        gen.abort()  # only choices still running
-        raise
+    parsers = {c.index: plan.new_parser() for c in gen.choices}
+    reply = _ChatReply(req, state, gen, model, rid, parsers)
+    return await gen.respond(http, reply, req.stream, constraint is not None)
 
 
 class _ChatReply:

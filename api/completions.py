@@ -6,7 +6,6 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Union
 
-from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -18,7 +17,6 @@ from api.logprobs import completion_logprobs
 from api.protocol import CompletionRequest
 from api.sampling import choice_seed, resolve_max_tokens, sampling_params
 from api.state import ServerState
-from api.streaming import sse_response
 
 log = logging.getLogger("radixserve.api")
 
@@ -44,24 +42,16 @@ async def create_completion(req: CompletionRequest, http: Request, state: Server
     gen = Generation(engine, state.metrics, rid, {}, constraint_field)
     groups: list[list[Choice]] = []
     echoes: dict[int, str] = {}
-    try:
-        for (ids, echo), max_tokens in zip(prompts, budgets):
-            group = []
-            for i in range(req.n):
-                c = gen.submit(ids, sampling_params(req, max_tokens, req.logprobs, constraint,
-                                                    choice_seed(req.seed, i)))
-                echoes[c.index] = echo
-                group.append(c)
-            groups.append(group)
-        if constraint is not None:
-            await gen.check_first_outputs(http)
-        reply = _CompletionReply(req, state, gen, model, rid, groups, echoes)
-        if req.stream:
-            return sse_response(reply.chunks(), on_close=gen.abort)
-        return JSONResponse(await reply.whole(http))
-    except BaseException:
-        gen.abort()  # only choices still running
-        raise
+    for (ids, echo), max_tokens in zip(prompts, budgets):
+        group = []
+        for i in range(req.n):  # a refused submit aborts the choices queued before it
+            c = gen.submit(ids, sampling_params(req, max_tokens, req.logprobs, constraint,
+                                                choice_seed(req.seed, i)))
+            echoes[c.index] = echo
+            group.append(c)
+        groups.append(group)
+    reply = _CompletionReply(req, state, gen, model, rid, groups, echoes)
+    return await gen.respond(http, reply, req.stream, constraint is not None)
 
 
 def _prompt_text(engine, prompt: Union[str, list[int]]) -> str:

@@ -9,10 +9,13 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Sequence
 
+from fastapi.responses import JSONResponse
 from starlette.requests import Request
+from starlette.responses import Response
 
 from api.errors import APIError, bad_request, internal_error, overloaded
 from api.metrics import RequestTimer, ServerMetrics
+from api.streaming import sse_response
 from grammar.spec import GRAMMAR_KINDS, GrammarError
 from runtime.engine import Engine, EngineOverloadedError
 from runtime.request import OutputStream, RequestOutput, TokenLogprob
@@ -96,6 +99,19 @@ class Generation:
         choice = Choice(index, rid, stream, RequestTimer(self.metrics, self.arrival), prompt_tokens=len(prompt_ids))
         self.choices.append(choice)
         return choice
+
+    async def respond(self, http: Request, reply, stream: bool, constrained: bool) -> Response:
+        """Answer with `reply` (its `chunks()` as SSE, or `whole()` as JSON) once a constrained
+        request's grammars are accepted; whatever fails, the choices still running are aborted."""
+        try:
+            if constrained:
+                await self.check_first_outputs(http)
+            if stream:
+                return sse_response(reply.chunks(), on_close=self.abort)
+            return JSONResponse(await reply.whole(http))
+        except BaseException:
+            self.abort()  # only choices still running
+            raise
 
     async def check_first_outputs(self, http: Request) -> None:
         """Wait for each choice's first output: a grammar the engine rejects while compiling comes

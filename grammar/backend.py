@@ -49,10 +49,14 @@ class GrammarBackend(abc.ABC):
     def compile(self, spec: GrammarSpec) -> Any:
         """Validate and compile `spec`; raises GrammarError naming the problem. The result is
         opaque: hand it to `matcher`."""
+        self.check_supported(spec)
+        return self._compile(spec)
+
+    def check_supported(self, spec: GrammarSpec) -> None:
+        """GrammarError unless this backend handles the spec's kind (cheap: no compiling)."""
         if spec.kind not in self.supported_kinds:
             raise GrammarError(f"{spec.kind}: not supported by the {self.name} grammar backend "
                                f"(it supports: {', '.join(sorted(self.supported_kinds))})")
-        return self._compile(spec)
 
     @abc.abstractmethod
     def _compile(self, spec: GrammarSpec) -> Any:

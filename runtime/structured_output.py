@@ -57,10 +57,7 @@ class StructuredOutput:
     def start(self, req: Request) -> None:
         """Check the kind is supported (ValueError now) and start compiling (errors come later)."""
         spec: GrammarSpec = req.params.constraint
-        backend = self._ensure_backend()
-        if spec.kind not in backend.supported_kinds:
-            raise GrammarError(f"{spec.kind}: not supported by the {backend.name} grammar backend "
-                               f"(it supports: {', '.join(sorted(backend.supported_kinds))})")
+        self._ensure_backend().check_supported(spec)
         req.grammar = self.compiler.submit(spec)
 
     # ---- engine thread --------------------------------------------------------
