@@ -6,6 +6,7 @@ from typing import Optional
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "priority")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines-core")
+ATTENTION_BACKENDS = ("auto", "triton", "torch")
 
 
 @dataclass
@@ -25,7 +26,8 @@ class EngineConfig:
     # seconds after it: it jumps ahead once it has waited this long behind newer requests
     max_queue_wait_boost: float = 5.0
     disable_radix_cache: bool = False
-    attention_backend: str = "auto"      # auto | torch
+    attention_backend: str = "auto"      # auto (triton on CUDA, torch on CPU) | triton | torch
+    disable_cuda_graph: bool = False     # CUDA: run decode steps eagerly instead of replaying graphs
     grammar_backend: str = "xgrammar"    # xgrammar | outlines-core
     grammar_compile_timeout: float = 30.0  # seconds
     seed: int = 0
@@ -55,5 +57,6 @@ class EngineConfig:
             raise ValueError(f"grammar-backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}")
         if not self.grammar_compile_timeout > 0:
             raise ValueError("grammar-compile-timeout must be > 0 seconds")
-        if self.attention_backend not in ("auto", "torch"):
-            raise ValueError("attention-backend must be auto or torch (triton is not built yet)")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                             f"got {self.attention_backend!r}")

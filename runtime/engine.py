@@ -121,6 +121,12 @@ class Engine:
         self.scheduler = Scheduler(config, self.kv)
         attention = make_attention_backend(config.attention_backend, self.kv_cache, mc.head_dim)
         self.runner = ModelRunner(self.model, attention, table, p, self.kv_cache.pad_page, self.device)
+        if self.device.type == "cuda" and not config.disable_cuda_graph and self.runner.kernel_metadata:
+            self.runner.enable_decode_graphs(config.max_running_requests, mc.max_context_len)
+            # capture wrote dummy K/V into the padding page (replays keep doing so for padding rows;
+            # the Triton kernels never read it): zeroed, as the KV cache promises, after start-up
+            self.kv_cache.k[:, self.kv_cache.pad_page].zero_()
+            self.kv_cache.v[:, self.kv_cache.pad_page].zero_()
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, seed=config.seed)
 
     def _run(self, files: ModelFiles, ready: threading.Event, failure: list) -> None:

@@ -13,7 +13,8 @@ class ExtendSegment:
     start: int                              # first row in the flat token batch
     length: int                             # new tokens
     prefix_len: int                         # tokens already in the KV cache
-    context_slots: Optional[torch.Tensor]   # [prefix_len + length] slots; None when prefix_len == 0
+    # [prefix_len + length] slots; None when prefix_len == 0 or the backend reads the page table itself
+    context_slots: Optional[torch.Tensor]
 
 
 @dataclass
@@ -27,6 +28,14 @@ class ForwardBatch:
     decode_mask: Optional[torch.Tensor]     # [num_decode, 1, 1, max_pages * page_size] True = attend
     extends: list[ExtendSegment] = field(default_factory=list)
     sample_rows: Optional[torch.Tensor] = None  # rows whose logits are needed
+    # Kernel metadata, built only for backends with `needs_kernel_metadata` (the Triton one); the
+    # torch path's decode_pages / decode_mask / context_slots are then left None.
+    page_table: Optional[torch.Tensor] = None   # [rows, max_pages] the request page table itself
+    decode_rows: Optional[torch.Tensor] = None  # [num_decode] page-table row of each decode
+    decode_lens: Optional[torch.Tensor] = None  # [num_decode] context length, the new token included
+    decode_max_len: int = 0                     # host-side bound on decode_lens (sizes the split count)
+    extend_meta: Optional[torch.Tensor] = None  # int64 [4, segments]: start row, length, prefix_len, page row
+    extend_max_len: int = 0                     # longest segment (sizes the extend grid)
 
     @property
     def num_tokens(self) -> int:

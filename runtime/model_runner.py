@@ -5,6 +5,7 @@ import torch
 
 from radix import RequestPageTable
 from runtime.attention import AttentionBackend
+from runtime.cuda_graph import DecodeGraphRunner
 from runtime.forward_batch import ExtendSegment, ForwardBatch
 from runtime.scheduler import ScheduledBatch
 
@@ -19,6 +20,18 @@ class ModelRunner:
         self.page_size = page_size
         self.device = device
         self._page_offsets = torch.arange(page_size, device=device)
+        # the Triton backend reads the page table in its kernels; the torch one wants gathered slots
+        self.kernel_metadata = bool(getattr(attention, "needs_kernel_metadata", False))
+        self.graphs: DecodeGraphRunner | None = None
+
+    def enable_decode_graphs(self, max_batch: int, max_context_len: int, capture: bool = True) -> None:
+        """Replay pure-decode steps from CUDA graphs (capture=False: the same padded static batches,
+        run eagerly; for tests without CUDA). Needs a backend that reads kernel metadata."""
+        if not self.kernel_metadata:
+            raise ValueError("decode graphs need an attention backend that reads the page table (triton)")
+        pad_slot = self.pad_page * self.page_size
+        self.graphs = DecodeGraphRunner(self.model, self.attention, self.table, max_batch, max_context_len,
+                                        pad_slot, capture=capture)
 
     def _slots(self, rows: torch.Tensor, length: int) -> torch.Tensor:
         """[len(rows), length] slot of each position 0..length-1 of the requests in page-table `rows`."""
@@ -29,6 +42,8 @@ class ModelRunner:
         return (pages.unsqueeze(-1) * p + self._page_offsets).flatten(1)[:, :length]
 
     def build(self, batch: ScheduledBatch) -> ForwardBatch:
+        if self.kernel_metadata:
+            return self._build_for_kernels(batch)
         p = self.page_size
         ids: list[int] = []
         positions: list[int] = []
@@ -72,7 +87,56 @@ class ModelRunner:
                             num_decode=len(batch.decodes), decode_pages=decode_pages, decode_mask=decode_mask,
                             extends=extends, sample_rows=t(sample_rows))
 
+    def _build_for_kernels(self, batch: ScheduledBatch) -> ForwardBatch:
+        """The batch as the Triton kernels want it: every index tensor is a view of one int64
+        buffer, so a step costs one host-to-device copy whatever its shape."""
+        p = self.page_size
+        ids: list[int] = []
+        positions: list[int] = []
+        out_slots: list[int] = []
+        sample_rows: list[int] = []
+        dec_rows: list[int] = []
+        dec_lens: list[int] = []
+        for item in batch.decodes:
+            r = item.req
+            ids.append(r.token_ids[r.kv_len])
+            positions.append(r.kv_len)
+            out_slots.append(r.pages[r.kv_len // p] * p + r.kv_len % p)
+            sample_rows.append(len(ids) - 1)
+            dec_rows.append(r.page_row)
+            dec_lens.append(r.kv_len + 1)
+        meta: list[list[int]] = [[], [], [], []]  # start, length, prefix_len, page row
+        for item in batch.extends:
+            r, n, start = item.req, item.num_tokens, len(ids)
+            ids.extend(r.token_ids[r.kv_len: r.kv_len + n])
+            pos = range(r.kv_len, r.kv_len + n)
+            positions.extend(pos)
+            out_slots.extend(r.pages[q // p] * p + q % p for q in pos)
+            for column, value in zip(meta, (start, n, r.kv_len, r.page_row)):
+                column.append(value)
+            if item.samples:
+                sample_rows.append(start + n - 1)
+        t, nd, ne, ns = len(ids), len(dec_rows), len(meta[0]), len(sample_rows)
+        flat = torch.tensor(ids + positions + out_slots + sample_rows + dec_rows + dec_lens + sum(meta, []),
+                            dtype=torch.long).to(self.device, non_blocking=True)
+        parts = flat.split([t, t, t, ns, nd, nd, 4 * ne])
+        extends = [ExtendSegment(*cols, None) for cols in zip(meta[0], meta[1], meta[2])]
+        return ForwardBatch(input_ids=parts[0], positions=parts[1], out_slots=parts[2], num_decode=nd,
+                            decode_pages=None, decode_mask=None, extends=extends, sample_rows=parts[3],
+                            page_table=self.table, decode_rows=parts[4] if nd else None,
+                            decode_lens=parts[5] if nd else None, decode_max_len=max(dec_lens, default=0),
+                            extend_meta=parts[6].view(4, ne) if ne else None,
+                            extend_max_len=max(meta[1], default=0))
+
     def forward(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits [rows that sample, vocab], in the order of `batch.items` that sample."""
+        if self.graphs is not None and not batch.extends:
+            p = self.page_size
+            reqs = [item.req for item in batch.decodes]
+            logits = self.graphs.run([[r.token_ids[r.kv_len] for r in reqs], [r.kv_len for r in reqs],
+                                      [r.pages[r.kv_len // p] * p + r.kv_len % p for r in reqs],
+                                      [r.page_row for r in reqs], [r.kv_len + 1 for r in reqs]])
+            if logits is not None:
+                return logits
         fb = self.build(batch)
         return self.model.forward(fb, self.attention)

@@ -1,5 +1,6 @@
 """The attention Triton kernels (KV write, split-KV decode, extend) match their plain-torch
-references, run under the Triton interpreter on CPU tensors (see triton_attention_check.py)."""
+references, and the engine on the Triton backend generates what it does on the torch backend; both
+run under the Triton interpreter on CPU tensors in a subprocess (see triton_*_check.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,8 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from kernels.triton_attention import num_decode_splits
+from runtime.attention import TorchAttentionBackend, make_attention_backend, resolve_attention_backend
+from runtime.config import EngineConfig
+from runtime.kv_cache import KVCache
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -27,3 +32,31 @@ def test_decode_splits_fill_the_device_but_never_get_short():
     assert num_decode_splits(batch=256, kv_heads=8, max_len=8192) == 1   # the batch fills the device
     assert num_decode_splits(batch=1, kv_heads=8, max_len=300) == 2      # >= 256 tokens per split
     assert num_decode_splits(batch=1, kv_heads=8, max_len=1) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_engine_greedy_output_with_triton_backend_equals_torch_backend_under_interpreter():
+    script = Path(__file__).with_name("triton_engine_check.py")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_auto_backend_is_torch_on_cpu_and_triton_on_cuda():
+    assert resolve_attention_backend("auto", torch.device("cpu")) == "torch"
+    assert resolve_attention_backend("auto", torch.device("cuda")) == "triton"
+    assert resolve_attention_backend("torch", torch.device("cuda")) == "torch"
+
+
+def test_triton_backend_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    kv = KVCache(1, 2, 16, 1, 16, torch.float32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="CUDA"):
+        make_attention_backend("triton", kv, 16)
+    assert isinstance(make_attention_backend("auto", kv, 16), TorchAttentionBackend)
+
+
+def test_config_accepts_triton_backend_and_rejects_unknown():
+    EngineConfig(attention_backend="triton").validate()
+    with pytest.raises(ValueError, match="attention-backend"):
+        EngineConfig(attention_backend="flash").validate()

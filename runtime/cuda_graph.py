@@ -1,0 +1,87 @@
+"""CUDA graphs for decode steps: one graph per batch size of a ladder, replayed for a batch padded
+up to the next size. A decode step of a small model is dominated by kernel launch overhead
+(hundreds of launches per step); a replay issues them all at once. Prefill stays eager.
+
+Only pure-decode steps are replayed; padding rows decode a dummy token whose K/V go to the
+padding page and whose logits are dropped. With `capture=False` the same padded static batches
+run eagerly: how tests exercise everything but the capture itself on a machine without CUDA.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Optional
+
+import torch
+
+from runtime.forward_batch import ForwardBatch
+
+# static input rows: token id, position, output slot, page-table row, context length
+_IDS, _POS, _SLOT, _ROW, _LEN = range(5)
+
+
+def capture_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16 below max_batch, then max_batch: padding wastes at
+    most 15 rows (cheap next to the weights every row of a decode step reads anyway)."""
+    small = [s for s in (1, 2, 4, 8) if s < max_batch]
+    return sorted(set(small + list(range(16, max_batch, 16)) + [max_batch]))
+
+
+def padded_size(n: int, sizes: list[int]) -> Optional[int]:
+    """The smallest captured size >= n, or None when n is beyond the ladder."""
+    i = bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) else None
+
+
+class DecodeGraphRunner:
+    """Owns the static decode inputs, one captured graph (and its logits) per ladder size."""
+
+    def __init__(self, model, attention, page_table: torch.Tensor, max_batch: int, max_context_len: int,
+                 pad_slot: int, capture: bool = True):
+        self.model, self.attention = model, attention
+        self.sizes = capture_sizes(max_batch)
+        self.device = page_table.device
+        self.static = torch.zeros(5, self.sizes[-1], dtype=torch.long, device=self.device)
+        # what a padding row holds: token 0 at position 0, written to the padding page, length 1
+        self.pad_column = [0, 0, pad_slot, 0, 1]
+        self.static[:, :] = torch.tensor(self.pad_column, device=self.device).unsqueeze(1)
+        # max_context_len fixes each size's split count, so one graph serves every context length
+        self.batches = {bs: self._batch(bs, page_table, max_context_len) for bs in self.sizes}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        if capture:
+            self._capture_all()
+
+    def _batch(self, bs: int, page_table: torch.Tensor, max_context_len: int) -> ForwardBatch:
+        s = self.static[:, :bs]
+        return ForwardBatch(input_ids=s[_IDS], positions=s[_POS], out_slots=s[_SLOT], num_decode=bs,
+                            decode_pages=None, decode_mask=None, extends=[], sample_rows=None,
+                            page_table=page_table, decode_rows=s[_ROW], decode_lens=s[_LEN],
+                            decode_max_len=max_context_len)
+
+    def _capture_all(self) -> None:
+        pool = None
+        # largest first: the smaller graphs then fit in the memory pool the largest one made
+        for bs in reversed(self.sizes):
+            batch = self.batches[bs]
+            self.model.forward(batch, self.attention)  # warm-up: Triton compiles outside the capture
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[bs] = self.model.forward(batch, self.attention)
+            pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(self.device)
+
+    def run(self, columns: list[list[int]]) -> Optional[torch.Tensor]:
+        """columns: [ids, positions, slots, rows, lens] of n decodes. Returns their logits
+        ([n, vocab], valid until the next run), or None when n is beyond the ladder."""
+        n = len(columns[0])
+        bs = padded_size(n, self.sizes)
+        if bs is None or n == 0:
+            return None
+        padded = [col + [pad] * (bs - n) for col, pad in zip(columns, self.pad_column)]
+        self.static[:, :bs].copy_(torch.tensor(padded, dtype=torch.long))  # one host-to-device copy
+        if bs in self.graphs:
+            self.graphs[bs].replay()
+            return self.outputs[bs][:n]
+        return self.model.forward(self.batches[bs], self.attention)[:n]
