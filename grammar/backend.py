@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from grammar.spec import GrammarError, GrammarSpec
@@ -76,8 +77,14 @@ class GrammarBackend(abc.ABC):
     def allocate_bitmask(self, rows: int) -> torch.Tensor:
         """A zeroed bitmask of `rows` rows for this vocabulary, in pinned memory when CUDA is there
         (so that the copy to the device can overlap)."""
-        return torch.zeros((rows, self.vocab.bitmask_width), dtype=torch.int32,
-                           pin_memory=torch.cuda.is_available())
+        shape = (rows, self.vocab.bitmask_width)
+        if torch.cuda.is_available():
+            return torch.zeros(shape, dtype=torch.int32, pin_memory=True)
+        # Zeroed by numpy, not by a torch kernel: this runs on a request's thread, and a parallel
+        # torch kernel there would give the process a second OpenMP thread team. libgomp then sees
+        # more threads than cores and stops spin-waiting in every team, the engine's included,
+        # which doubled the CPU decode step for the rest of the process's life.
+        return torch.from_numpy(np.zeros(shape, dtype=np.int32))
 
 
 def check_bitmask(bitmask: torch.Tensor, vocab: VocabInfo) -> None:

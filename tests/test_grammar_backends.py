@@ -265,3 +265,14 @@ def test_schema_features_both_backends_enforce_compile(backends, backend):
         "required": ["id", "kind"],
     }
     backends[backend].compile(GrammarSpec.json_schema(schema))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_allocating_a_bitmask_runs_no_torch_kernel(backends, backend):
+    # it runs on a request's thread: a parallel torch kernel there would start a second OpenMP
+    # team, and libgomp then throttles the engine thread's team too (see allocate_bitmask)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        bitmask = backends[backend].allocate_bitmask(64)
+    assert not bitmask.any()
+    kernels = {e.name for e in prof.events() if e.name.startswith("aten::")} - {"aten::lift_fresh"}  # a no-op wrap
+    assert kernels == set()

@@ -25,7 +25,7 @@ import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
 
@@ -199,6 +199,23 @@ def build_app(batcher: StaticBatcher, model_name: str) -> FastAPI:
     return app
 
 
+def dense_model(files, dtype: torch.dtype) -> LlamaForCausalLM:
+    """The GGUF's weights dequantised into a plain transformers Llama: transformers' own GGUF path
+    keeps 4-bit weights and computes through dequantising kernels, ~5x slower per token here, which
+    would flatter us. The dequantisation (and llama.cpp's q/k permutation undone) is radixserve's
+    loader, checked against transformers by tests/test_model_parity.py."""
+    c = files.config
+    cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                      num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                      num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+                      rope_theta=c.rope_theta, max_position_embeddings=c.max_context_len,
+                      tie_word_embeddings=c.tie_word_embeddings)
+    model = LlamaForCausalLM(cfg)
+    missing, unexpected = model.load_state_dict(files.weights, strict=False)
+    assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)
+    return model.to(dtype).eval()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2 model)")
@@ -208,15 +225,10 @@ def main() -> int:
     p.add_argument("--batch-timeout", type=float, default=0.5, help="seconds a batch waits to fill")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = p.parse_args()
-    if args.model is None:
-        from runtime.models.loader import default_model_path
-        path = default_model_path()
-    else:
-        path = Path(args.model)
+    from runtime.models.loader import default_model_path, load_model_files
+    path = default_model_path() if args.model is None else Path(args.model)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 dtype=getattr(torch, args.dtype))
-    model.eval()
+    model = dense_model(load_model_files(str(path)), getattr(torch, args.dtype))
     batcher = StaticBatcher(model, tok, args.max_batch_size, args.batch_timeout)
     print(f"static batching ({args.max_batch_size} per batch, {args.batch_timeout:g} s fill timeout) "
           f"on http://{args.host}:{args.port}/v1", flush=True)
