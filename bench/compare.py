@@ -101,7 +101,8 @@ def run_workload(base_url: str, workload: str, concurrency: int, args: argparse.
                  duration: float, max_tokens: int) -> dict[str, Any]:
     sargs = serving.parse_args(["--base-url", base_url, "--workload", workload,
                                 "--num-requests", str(args.num_requests), "--duration", str(duration),
-                                "--max-tokens", str(max_tokens), "--seed", str(seed)])
+                                "--max-tokens", str(max_tokens), "--seed", str(seed),
+                                "--prefix-words", str(args.prefix_words)])
     sargs.model = serving.served_model(base_url, None)
     sessions = serving.make_sessions(workload, sargs.num_requests, random.Random(sargs.seed), sargs)
     results, elapsed = asyncio.run(serving.run_load(sargs, sessions, concurrency, None))
@@ -177,6 +178,7 @@ def table(report: dict) -> str:
                             f"| {'-' if tpot is None else f'{tpot * 1000:.0f}'} | {r['cached_token_ratio']:.0%} | {valid} |")
     m = report["machine"]
     head = (f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, no GPU. Model: {report['config']['model']}. "
+            f"shared-prefix system prompts of {report['config'].get('prefix_words', 400)} words. "
             f"Each cell: closed-loop clients for {report['config']['duration']:g} s, max_tokens "
             f"{report['config']['max_tokens']}, temperature 0; every system gets the same prompts, each cell "
             f"new ones (seed {report['config']['seed']} + 1000 x cell). Servers stay up across cells, as in "
@@ -218,6 +220,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefix-words", type=int, default=400, help="shared-prefix: words per system prompt")
     p.add_argument("--model", default=None, help="GGUF file (default: the embedded model)")
     p.add_argument("--port", type=int, default=8300)
     p.add_argument("--out", default=str(BENCH / "results" / "compare.json"))
@@ -239,6 +242,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "machine": machine(),
         "config": {"systems": [s.name for s in chosen], "workloads": args.workloads, "concurrency": args.concurrency,
                    "duration": args.duration, "max_tokens": args.max_tokens, "seed": args.seed,
+                   "prefix_words": args.prefix_words,
                    "model": Path(model).name, "command": "bench/compare.py " + " ".join(argv or sys.argv[1:])},
         "systems": {s.name: s.description for s in chosen},
         "results": {},

@@ -200,10 +200,10 @@ def build_app(batcher: StaticBatcher, model_name: str) -> FastAPI:
 
 
 def dense_model(files, dtype: torch.dtype) -> LlamaForCausalLM:
-    """The GGUF's weights dequantised into a plain transformers Llama: transformers' own GGUF path
-    keeps 4-bit weights and computes through dequantising kernels, ~5x slower per token here, which
-    would flatter us. The dequantisation (and llama.cpp's q/k permutation undone) is radixserve's
-    loader, checked against transformers by tests/test_model_parity.py."""
+    """The GGUF's weights dequantised into a plain transformers Llama, so the baseline runs the same
+    bf16 matmuls radixserve does (transformers' own GGUF path keeps 4-bit weights; measured here at
+    about the same speed). The dequantisation, with llama.cpp's q/k permutation undone, is
+    radixserve's loader, checked against transformers by tests/test_model_parity.py."""
     c = files.config
     cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                       num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
