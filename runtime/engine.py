@@ -373,6 +373,8 @@ class Engine:
 
     @torch.inference_mode()
     def _step(self, batch: ScheduledBatch) -> None:
+        # On CUDA the forward only queues kernels: the grammar bitmask is filled on the CPU while
+        # they run, then copied and applied on the device; nothing before the sampler waits.
         logits = self.runner.forward(batch)
         sampling = [it.req for it in batch.items if it.samples]
         self.structured.apply(logits, sampling)

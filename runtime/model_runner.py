@@ -1,6 +1,8 @@
 """Turns a scheduled batch into one ragged forward pass and returns the logits to sample from."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from radix import RequestPageTable
@@ -8,6 +10,16 @@ from runtime.attention import AttentionBackend
 from runtime.cuda_graph import DecodeGraphRunner
 from runtime.forward_batch import ExtendSegment, ForwardBatch
 from runtime.scheduler import ScheduledBatch
+
+
+@dataclass
+class TokenRows:
+    """Host-side lists for one step's flat token batch."""
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    out_slots: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+    segments: list[tuple[int, int, int, int]] = field(default_factory=list)  # start, length, prefix, page row
 
 
 class ModelRunner:
@@ -41,40 +53,45 @@ class ModelRunner:
             return pages
         return (pages.unsqueeze(-1) * p + self._page_offsets).flatten(1)[:, :length]
 
+    def _token_rows(self, batch: ScheduledBatch) -> "TokenRows":
+        """The flat token rows of a step: decodes first, then each extend segment."""
+        p = self.page_size
+        rows = TokenRows()
+        for item in batch.decodes:
+            r = item.req
+            rows.ids.append(r.token_ids[r.kv_len])
+            rows.positions.append(r.kv_len)
+            rows.out_slots.append(r.pages[r.kv_len // p] * p + r.kv_len % p)
+            rows.sample_rows.append(len(rows.ids) - 1)
+        for item in batch.extends:
+            r, n, start = item.req, item.num_tokens, len(rows.ids)
+            rows.ids.extend(r.token_ids[r.kv_len: r.kv_len + n])
+            pos = range(r.kv_len, r.kv_len + n)
+            rows.positions.extend(pos)
+            rows.out_slots.extend(r.pages[q // p] * p + q % p for q in pos)
+            rows.segments.append((start, n, r.kv_len, r.page_row))
+            if item.samples:
+                rows.sample_rows.append(start + n - 1)
+        return rows
+
     def build(self, batch: ScheduledBatch) -> ForwardBatch:
         if self.kernel_metadata:
             return self._build_for_kernels(batch)
         p = self.page_size
-        ids: list[int] = []
-        positions: list[int] = []
-        out_slots: list[int] = []
-        sample_rows: list[int] = []
-        for item in batch.decodes:
-            r = item.req
-            ids.append(r.token_ids[r.kv_len])
-            positions.append(r.kv_len)
-            out_slots.append(r.pages[r.kv_len // p] * p + r.kv_len % p)
-            sample_rows.append(len(ids) - 1)
+        rows = self._token_rows(batch)
         extends = []
-        for item in batch.extends:
-            r, n, start = item.req, item.num_tokens, len(ids)
-            ids.extend(r.token_ids[r.kv_len: r.kv_len + n])
-            pos = range(r.kv_len, r.kv_len + n)
-            positions.extend(pos)
-            out_slots.extend(r.pages[q // p] * p + q % p for q in pos)
+        for start, n, prefix_len, page_row in rows.segments:
             ctx = None
-            if r.kv_len:
-                ctx = self._slots(torch.tensor([r.page_row], device=self.device), r.kv_len + n)[0]
-            extends.append(ExtendSegment(start, n, r.kv_len, ctx))
-            if item.samples:
-                sample_rows.append(start + n - 1)
+            if prefix_len:
+                ctx = self._slots(torch.tensor([page_row], device=self.device), prefix_len + n)[0]
+            extends.append(ExtendSegment(start, n, prefix_len, ctx))
 
         decode_pages = decode_mask = None
         if batch.decodes:
             lens = torch.tensor([it.req.kv_len + 1 for it in batch.decodes], device=self.device)
-            rows = torch.tensor([it.req.page_row for it in batch.decodes], device=self.device)
+            page_rows = torch.tensor([it.req.page_row for it in batch.decodes], device=self.device)
             n_pages = -(-int(lens.max()) // p)
-            decode_pages = self.table[rows, :n_pages]
+            decode_pages = self.table[page_rows, :n_pages]
             # pages past a request's end read the zeroed padding page, never a stale one
             page_used = torch.arange(n_pages, device=self.device) * p < lens.unsqueeze(1)
             decode_pages = decode_pages.masked_fill(~page_used, self.pad_page)
@@ -83,44 +100,22 @@ class ModelRunner:
         def t(xs):
             return torch.tensor(xs, dtype=torch.long, device=self.device)
 
-        return ForwardBatch(input_ids=t(ids), positions=t(positions), out_slots=t(out_slots),
+        return ForwardBatch(input_ids=t(rows.ids), positions=t(rows.positions), out_slots=t(rows.out_slots),
                             num_decode=len(batch.decodes), decode_pages=decode_pages, decode_mask=decode_mask,
-                            extends=extends, sample_rows=t(sample_rows))
+                            extends=extends, sample_rows=t(rows.sample_rows))
 
     def _build_for_kernels(self, batch: ScheduledBatch) -> ForwardBatch:
         """The batch as the Triton kernels want it: every index tensor is a view of one int64
         buffer, so a step costs one host-to-device copy whatever its shape."""
-        p = self.page_size
-        ids: list[int] = []
-        positions: list[int] = []
-        out_slots: list[int] = []
-        sample_rows: list[int] = []
-        dec_rows: list[int] = []
-        dec_lens: list[int] = []
-        for item in batch.decodes:
-            r = item.req
-            ids.append(r.token_ids[r.kv_len])
-            positions.append(r.kv_len)
-            out_slots.append(r.pages[r.kv_len // p] * p + r.kv_len % p)
-            sample_rows.append(len(ids) - 1)
-            dec_rows.append(r.page_row)
-            dec_lens.append(r.kv_len + 1)
-        meta: list[list[int]] = [[], [], [], []]  # start, length, prefix_len, page row
-        for item in batch.extends:
-            r, n, start = item.req, item.num_tokens, len(ids)
-            ids.extend(r.token_ids[r.kv_len: r.kv_len + n])
-            pos = range(r.kv_len, r.kv_len + n)
-            positions.extend(pos)
-            out_slots.extend(r.pages[q // p] * p + q % p for q in pos)
-            for column, value in zip(meta, (start, n, r.kv_len, r.page_row)):
-                column.append(value)
-            if item.samples:
-                sample_rows.append(start + n - 1)
-        t, nd, ne, ns = len(ids), len(dec_rows), len(meta[0]), len(sample_rows)
-        flat = torch.tensor(ids + positions + out_slots + sample_rows + dec_rows + dec_lens + sum(meta, []),
-                            dtype=torch.long).to(self.device, non_blocking=True)
+        rows = self._token_rows(batch)
+        dec_rows = [it.req.page_row for it in batch.decodes]
+        dec_lens = [it.req.kv_len + 1 for it in batch.decodes]
+        meta = [list(column) for column in zip(*rows.segments)] or [[], [], [], []]  # start, length, prefix, row
+        t, nd, ne, ns = len(rows.ids), len(dec_rows), len(rows.segments), len(rows.sample_rows)
+        flat = torch.tensor(rows.ids + rows.positions + rows.out_slots + rows.sample_rows + dec_rows + dec_lens
+                            + sum(meta, []), dtype=torch.long).to(self.device, non_blocking=True)
         parts = flat.split([t, t, t, ns, nd, nd, 4 * ne])
-        extends = [ExtendSegment(*cols, None) for cols in zip(meta[0], meta[1], meta[2])]
+        extends = [ExtendSegment(start, n, prefix_len, None) for start, n, prefix_len, _ in rows.segments]
         return ForwardBatch(input_ids=parts[0], positions=parts[1], out_slots=parts[2], num_decode=nd,
                             decode_pages=None, decode_mask=None, extends=extends, sample_rows=parts[3],
                             page_table=self.table, decode_rows=parts[4] if nd else None,
