@@ -1,17 +1,12 @@
 """Token-bitmask apply: the vectorised torch path and the Triton kernel against the reference."""
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from kernels.bitmask import (apply_token_bitmask_, apply_token_bitmask_reference, apply_token_bitmask_torch,
                              pack_bitmask)
+from tests.triton_interpreter import needs_triton, run_check_under_interpreter
 
 NEG_INF = float("-inf")
 
@@ -112,9 +107,6 @@ def test_dispatch_on_cpu_uses_torch_path():
     assert torch.equal(expected, got)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@needs_triton
 def test_triton_kernel_matches_reference_under_interpreter():
-    script = Path(__file__).with_name("triton_bitmask_check.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    run_check_under_interpreter("triton_bitmask_check.py")

@@ -3,12 +3,6 @@ references, and the engine on the Triton backend generates what it does on the t
 run under the Triton interpreter on CPU tensors in a subprocess (see triton_*_check.py)."""
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,14 +10,12 @@ from kernels.triton_attention import num_decode_splits
 from runtime.attention import TorchAttentionBackend, make_attention_backend, resolve_attention_backend
 from runtime.config import EngineConfig
 from runtime.kv_cache import KVCache
+from tests.triton_interpreter import needs_triton, run_check_under_interpreter
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@needs_triton
 def test_attention_kernels_match_torch_references_under_interpreter():
-    script = Path(__file__).with_name("triton_attention_check.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    run_check_under_interpreter("triton_attention_check.py")
 
 
 def test_decode_splits_fill_the_device_but_never_get_short():
@@ -34,12 +26,9 @@ def test_decode_splits_fill_the_device_but_never_get_short():
     assert num_decode_splits(batch=1, kv_heads=8, max_len=1) == 1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@needs_triton
 def test_engine_greedy_output_with_triton_backend_equals_torch_backend_under_interpreter():
-    script = Path(__file__).with_name("triton_engine_check.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    run_check_under_interpreter("triton_engine_check.py")
 
 
 def test_auto_backend_is_torch_on_cpu_and_triton_on_cuda():
