@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from kernels import triton_attention as ta  # noqa: E402
-from kernels.paged_attention import decode_attention, extend_attention, write_kv  # noqa: E402
+from kernels.paged_attention import decode_attention, decode_kv_rows, extend_attention, write_kv  # noqa: E402
 from runtime.attention import TritonAttentionBackend  # noqa: E402
 from runtime.cuda_graph import DecodeGraphRunner  # noqa: E402
 from runtime.forward_batch import ExtendSegment, ForwardBatch  # noqa: E402
@@ -124,7 +124,7 @@ def check_kernels(s: dict, device) -> list[dict]:
         n = pc.table.shape[1]
         pages = pc.table.masked_fill(~(torch.arange(n, device=device) * page < pc.lens_t[:, None]), pc.pad_page)
         mask = (torch.arange(n * page, device=device) < pc.lens_t[:, None])[:, None, None, :]
-        want = decode_attention(q.float(), pc.k.float(), pc.v.float(), pages, mask, scale)
+        want = decode_attention(q.float(), pc.k.float(), pc.v.float(), decode_kv_rows(pages, page, kvh), mask, scale)
         splits = ta.num_decode_splits(len(lens), kvh, max(lens))
         got = ta.decode_attention_triton(q, pc.k, pc.v, pc.table, pc.rows, pc.lens_t, scale, splits)
         rows.append(dict(kernel="decode_attention", page_size=page, shape=f"B={len(lens)} max_len={max(lens)} "
@@ -195,7 +195,7 @@ def decode_batch(ids, lens, slots, table) -> ForwardBatch:
     n, dev = len(ids), table.device
     flat = torch.tensor(ids + [x - 1 for x in lens] + slots + list(range(n)) + lens, dtype=torch.long).to(dev)
     i, pos, out, rows, ln = flat.split([n] * 5)
-    return ForwardBatch(input_ids=i, positions=pos, out_slots=out, num_decode=n, decode_pages=None,
+    return ForwardBatch(input_ids=i, positions=pos, out_slots=out, num_decode=n, decode_kv_rows=None,
                         decode_mask=None, sample_rows=None, page_table=table, decode_rows=rows, decode_lens=ln,
                         decode_max_len=max(lens))
 
@@ -295,7 +295,7 @@ def check_prefill(s: dict, model, attn, kv: KVCache, device) -> list[dict]:
         t = len(ids)
         flat = torch.tensor(ids + positions + slots + sum(meta, []), dtype=torch.long, device=device)
         i, pos, out, m = flat.split([t, t, t, 4 * n_req])
-        batch = ForwardBatch(input_ids=i, positions=pos, out_slots=out, num_decode=0, decode_pages=None,
+        batch = ForwardBatch(input_ids=i, positions=pos, out_slots=out, num_decode=0, decode_kv_rows=None,
                              decode_mask=None, extends=[ExtendSegment(a, b, c, None) for a, b, c in zip(*meta[:3])],
                              sample_rows=torch.tensor(meta[0], device=device) + new - 1, page_table=table,
                              extend_meta=m.view(4, n_req), extend_max_len=new)

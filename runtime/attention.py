@@ -33,10 +33,10 @@ class TorchAttentionBackend:
         write_kv(k_cache, v_cache, batch.out_slots, k, v)
         nd = batch.num_decode
         if nd == q.shape[0]:
-            return decode_attention(q, k_cache, v_cache, batch.decode_pages, batch.decode_mask, self.scale)
+            return decode_attention(q, k_cache, v_cache, batch.decode_kv_rows, batch.decode_mask, self.scale)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = decode_attention(q[:nd], k_cache, v_cache, batch.decode_pages, batch.decode_mask, self.scale)
+            out[:nd] = decode_attention(q[:nd], k_cache, v_cache, batch.decode_kv_rows, batch.decode_mask, self.scale)
         for seg in batch.extends:
             rows = slice(seg.start, seg.start + seg.length)
             out[rows] = extend_attention(q[rows], k[rows], v[rows], k_cache, v_cache,

@@ -24,12 +24,12 @@ class ForwardBatch:
     positions: torch.Tensor                 # [T]
     out_slots: torch.Tensor                 # [T] where each new token's K/V is written
     num_decode: int
-    decode_pages: Optional[torch.Tensor]    # [num_decode, max_pages] page table rows (padded)
+    decode_kv_rows: Optional[torch.Tensor]  # [num_decode, kv_heads, max_pages * page_size] (decode_kv_rows)
     decode_mask: Optional[torch.Tensor]     # [num_decode, 1, 1, max_pages * page_size] True = attend
     extends: list[ExtendSegment] = field(default_factory=list)
     sample_rows: Optional[torch.Tensor] = None  # rows whose logits are needed
     # Kernel metadata, built only for backends with `needs_kernel_metadata` (the Triton one); the
-    # torch path's decode_pages / decode_mask / context_slots are then left None.
+    # torch path's decode_kv_rows / decode_mask / context_slots are then left None.
     page_table: Optional[torch.Tensor] = None   # [rows, max_pages] the request page table itself
     decode_rows: Optional[torch.Tensor] = None  # [num_decode] page-table row of each decode
     decode_lens: Optional[torch.Tensor] = None  # [num_decode] context length, the new token included

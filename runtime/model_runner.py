@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.paged_attention import decode_kv_rows
 from radix import RequestPageTable
 from runtime.attention import AttentionBackend
 from runtime.cuda_graph import DecodeGraphRunner
@@ -26,6 +27,7 @@ class ModelRunner:
     def __init__(self, model, attention: AttentionBackend, page_table: RequestPageTable, page_size: int,
                  pad_page: int, device: torch.device):
         self.pad_page = pad_page
+        self.kv_heads = model.cfg.num_kv_heads
         self.model = model
         self.attention = attention
         self.table = page_table.table
@@ -86,7 +88,7 @@ class ModelRunner:
                 ctx = self._slots(torch.tensor([page_row], device=self.device), prefix_len + n)[0]
             extends.append(ExtendSegment(start, n, prefix_len, ctx))
 
-        decode_pages = decode_mask = None
+        kv_rows = decode_mask = None
         if batch.decodes:
             lens = torch.tensor([it.req.kv_len + 1 for it in batch.decodes], device=self.device)
             page_rows = torch.tensor([it.req.page_row for it in batch.decodes], device=self.device)
@@ -95,13 +97,14 @@ class ModelRunner:
             # pages past a request's end read the zeroed padding page, never a stale one
             page_used = torch.arange(n_pages, device=self.device) * p < lens.unsqueeze(1)
             decode_pages = decode_pages.masked_fill(~page_used, self.pad_page)
+            kv_rows = decode_kv_rows(decode_pages, p, self.kv_heads)
             decode_mask = (torch.arange(n_pages * p, device=self.device) < lens.unsqueeze(1))[:, None, None, :]
 
         def t(xs):
             return torch.tensor(xs, dtype=torch.long, device=self.device)
 
         return ForwardBatch(input_ids=t(rows.ids), positions=t(rows.positions), out_slots=t(rows.out_slots),
-                            num_decode=len(batch.decodes), decode_pages=decode_pages, decode_mask=decode_mask,
+                            num_decode=len(batch.decodes), decode_kv_rows=kv_rows, decode_mask=decode_mask,
                             extends=extends, sample_rows=t(rows.sample_rows))
 
     def _build_for_kernels(self, batch: ScheduledBatch) -> ForwardBatch:
@@ -117,7 +120,7 @@ class ModelRunner:
         parts = flat.split([t, t, t, ns, nd, nd, 4 * ne])
         extends = [ExtendSegment(start, n, prefix_len, None) for start, n, prefix_len, _ in rows.segments]
         return ForwardBatch(input_ids=parts[0], positions=parts[1], out_slots=parts[2], num_decode=nd,
-                            decode_pages=None, decode_mask=None, extends=extends, sample_rows=parts[3],
+                            decode_kv_rows=None, decode_mask=None, extends=extends, sample_rows=parts[3],
                             page_table=self.table, decode_rows=parts[4] if nd else None,
                             decode_lens=parts[5] if nd else None, decode_max_len=max(dec_lens, default=0),
                             extend_meta=parts[6].view(4, ne) if ne else None,

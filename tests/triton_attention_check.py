@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kernels.paged_attention import decode_attention, extend_attention, write_kv  # noqa: E402
+from kernels.paged_attention import decode_attention, decode_kv_rows, extend_attention, write_kv  # noqa: E402
 from kernels.triton_attention import (decode_attention_triton, extend_attention_triton,  # noqa: E402
                                       write_kv_triton)
 
@@ -95,7 +95,8 @@ def decode_reference(q, ctx: PagedContext, lens: list[int], scale: float) -> tor
     page_used = torch.arange(n_pages) * ctx.p < lens_t.unsqueeze(1)
     pages = pages.masked_fill(~page_used, ctx.pad_page)
     mask = (torch.arange(n_pages * ctx.p) < lens_t.unsqueeze(1))[:, None, None, :]
-    return decode_attention(q.float(), ctx.k.float(), ctx.v.float(), pages, mask, scale)
+    kv_rows = decode_kv_rows(pages, ctx.p, ctx.k.shape[2])
+    return decode_attention(q.float(), ctx.k.float(), ctx.v.float(), kv_rows, mask, scale)
 
 
 def check_decode(gen: torch.Generator) -> int:
