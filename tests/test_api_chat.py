@@ -6,7 +6,10 @@ import json
 
 import httpx
 
-FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+# Greedy replies below are compared across cached and uncached prefills, which round differently in
+# bf16: this prompt's reply leads its runner-up by >0.8 nats at every token (the bare question's
+# first token is a near-tie that flips between the two paths on CPUs without AMX).
+FRANCE = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 
 def greedy_chat(client, model, messages=FRANCE, **kw):

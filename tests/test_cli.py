@@ -14,7 +14,7 @@ def run(*args, timeout=120):
 
 
 def test_generate_streams_the_reply_to_stdout():
-    r = run("generate", "--chat", "What is the capital of France?", "--max-tokens", "24",
+    r = run("generate", "--chat", "What is the capital of France? Answer in one sentence.", "--max-tokens", "24",
             "--kv-cache-tokens", "4096")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
