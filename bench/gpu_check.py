@@ -195,9 +195,8 @@ def decode_batch(ids, lens, slots, table) -> ForwardBatch:
     n, dev = len(ids), table.device
     flat = torch.tensor(ids + [x - 1 for x in lens] + slots + list(range(n)) + lens, dtype=torch.long).to(dev)
     i, pos, out, rows, ln = flat.split([n] * 5)
-    return ForwardBatch(input_ids=i, positions=pos, out_slots=out, num_decode=n, decode_kv_rows=None,
-                        decode_mask=None, sample_rows=None, page_table=table, decode_rows=rows, decode_lens=ln,
-                        decode_max_len=max(lens))
+    return ForwardBatch(input_ids=i, positions=pos, out_slots=out, num_decode=n, sample_rows=None,
+                        page_table=table, decode_rows=rows, decode_lens=ln, decode_max_len=max(lens))
 
 
 def our_decode(model, attn, kv: KVCache, table, batch: int, ctx: int, steps: int, graphs) -> float:
@@ -295,8 +294,8 @@ def check_prefill(s: dict, model, attn, kv: KVCache, device) -> list[dict]:
         t = len(ids)
         flat = torch.tensor(ids + positions + slots + sum(meta, []), dtype=torch.long, device=device)
         i, pos, out, m = flat.split([t, t, t, 4 * n_req])
-        batch = ForwardBatch(input_ids=i, positions=pos, out_slots=out, num_decode=0, decode_kv_rows=None,
-                             decode_mask=None, extends=[ExtendSegment(a, b, c, None) for a, b, c in zip(*meta[:3])],
+        batch = ForwardBatch(input_ids=i, positions=pos, out_slots=out, num_decode=0,
+                             extends=[ExtendSegment(a, b, c, None) for a, b, c in zip(*meta[:3])],
                              sample_rows=torch.tensor(meta[0], device=device) + new - 1, page_table=table,
                              extend_meta=m.view(4, n_req), extend_max_len=new)
         sec = timed(lambda: model.forward(batch, attn), max(1, s["iters"] // 4), device)

@@ -31,25 +31,52 @@ def decode_kv_rows(pages: torch.Tensor, page_size: int, kv_heads: int) -> torch.
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     kv_rows: torch.Tensor, mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+                     kv_rows: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
+                     shared_kv_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One query per request. q: [B, heads, dim]; kv_rows: `decode_kv_rows` of the requests'
     page-table rows (padded with a zeroed page); mask: [B, 1, 1, n * page_size], True where a
-    position is in the context."""
+    position is in the context.
+
+    shared_kv_rows: [kv_heads, S], the rows of a cached prefix that every request of the batch
+    has at positions [0, S); kv_rows then covers only each request's positions after it. The
+    prefix is gathered once and all queries attend to it in one matmul per KV head, instead of
+    every request gathering its own copy (the cost of decoding many requests under one long
+    system prompt).
+    """
     b, kv_heads, length = kv_rows.shape
     heads, dim = q.shape[1], q.shape[2]
-    rows = kv_rows.reshape(-1)
+    group = heads // kv_heads
     # Gathered head-major, so that each (request, KV head) has its keys contiguous: the batched
     # matmuls below then run ~6x faster than on a [B, length, kv_heads, dim] gather, and ~2x
     # faster than CPU SDPA, whose one-row-per-head flash path is slow in bf16 (measured here).
-    k = k_cache.reshape(-1, dim).index_select(0, rows).view(b, kv_heads, length, dim)
-    v = v_cache.reshape(-1, dim).index_select(0, rows).view(b, kv_heads, length, dim)
+    k = _gather_rows(k_cache, kv_rows).view(b, kv_heads, length, dim)
+    v = _gather_rows(v_cache, kv_rows).view(b, kv_heads, length, dim)
     # the query heads that share a KV head are rows of one query
-    scores = torch.matmul(q.view(b, kv_heads, heads // kv_heads, dim), k.transpose(-1, -2)).float()
-    scores.mul_(scale)
+    qg = q.view(b, kv_heads, group, dim)
+    scores = torch.matmul(qg, k.transpose(-1, -2))
+    if shared_kv_rows is not None:
+        s = shared_kv_rows.shape[1]
+        k_shared = _gather_rows(k_cache, shared_kv_rows).view(kv_heads, s, dim)
+        q_rows = qg.transpose(0, 1).reshape(kv_heads, b * group, dim)
+        shared_scores = torch.matmul(q_rows, k_shared.transpose(-1, -2)).view(kv_heads, b, group, s)
+        scores = torch.cat([shared_scores.transpose(0, 1), scores], dim=-1)
+    scores = scores.float().mul_(scale)
     if mask is not None:
-        scores.masked_fill_(~mask, float("-inf"))
+        scores[..., scores.shape[-1] - length:].masked_fill_(~mask, float("-inf"))
     probs = scores.softmax(-1).to(q.dtype)
-    return torch.matmul(probs, v).view(q.shape)
+    if shared_kv_rows is None:
+        return torch.matmul(probs, v).view(q.shape)
+    v_shared = _gather_rows(v_cache, shared_kv_rows).view(kv_heads, s, dim)
+    p_shared = probs[..., :s].transpose(0, 1).reshape(kv_heads, b * group, s)
+    out = torch.matmul(p_shared, v_shared).view(kv_heads, b, group, dim).transpose(0, 1).float()
+    # the two halves are summed in float32: one more bf16 rounding than a single matmul, not two
+    out += torch.matmul(probs[..., s:], v).float()
+    return out.to(q.dtype).reshape(q.shape)
+
+
+def _gather_rows(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows of a cache viewed as [slots * kv_heads, dim]."""
+    return cache.reshape(-1, cache.shape[-1]).index_select(0, rows.reshape(-1))
 
 
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,

@@ -54,7 +54,7 @@ class DecodeGraphRunner:
     def _batch(self, bs: int, page_table: torch.Tensor, max_context_len: int) -> ForwardBatch:
         s = self.static[:, :bs]
         return ForwardBatch(input_ids=s[_IDS], positions=s[_POS], out_slots=s[_SLOT], num_decode=bs,
-                            decode_kv_rows=None, decode_mask=None, extends=[], sample_rows=None,
+                            extends=[], sample_rows=None,
                             page_table=page_table, decode_rows=s[_ROW], decode_lens=s[_LEN],
                             decode_max_len=max_context_len)
 
