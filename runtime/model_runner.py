@@ -15,9 +15,10 @@ from runtime.request import Request
 from runtime.scheduler import ScheduledBatch
 
 
-# A group attends to its shared prefix in extra calls per layer (~0.3 ms here), paid back by not
-# gathering and scoring the prefix once per member; measured at batch 2-32 with 96-1,000 shared
-# tokens, the break-even is near (members - 1) x shared tokens = 2,500-3,000.
+# A group attends to its shared prefix in extra calls per layer, paid back by not gathering and
+# scoring the prefix once per member. Decode steps measured here (bf16, interleaved runs): even
+# at (members - 1) x shared tokens = 1,000-4,000; 15% faster at 7,000 (8 x 1,000), 20-40% at
+# 13,600-31,000 (32 x 440, 32 x 1,000).
 MIN_SHARED_DECODE_SAVING = 4096
 
 
