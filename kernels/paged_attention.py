@@ -4,6 +4,7 @@ Caches are [pages, page_size, kv_heads, dim]; slot s is (page s // page_size, of
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -30,18 +31,26 @@ def decode_kv_rows(pages: torch.Tensor, page_size: int, kv_heads: int) -> torch.
     return slots * kv_heads + torch.arange(kv_heads, device=pages.device).view(1, kv_heads, 1)
 
 
+@dataclass
+class SharedPrefixes:
+    """Cached prefixes that groups of decode rows share (the torch decode path): each group's
+    prefix is gathered once and scored against all its members' queries in one matmul."""
+    kv_rows: torch.Tensor            # [G, kv_heads, S] cache rows of each prefix (padded)
+    mask: Optional[torch.Tensor]     # [G, 1, 1, S] True = in the prefix; None when all are S long
+    members: torch.Tensor            # [G, M] decode row of each member (a short group repeats one)
+    slot_of_row: torch.Tensor        # [B] each decode row's index in members.view(-1) (0 if none)
+    in_group: torch.Tensor           # [B, 1, 1, 1] True for rows that have a shared prefix
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      kv_rows: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
-                     shared_kv_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     shared: Optional[SharedPrefixes] = None) -> torch.Tensor:
     """One query per request. q: [B, heads, dim]; kv_rows: `decode_kv_rows` of the requests'
     page-table rows (padded with a zeroed page); mask: [B, 1, 1, n * page_size], True where a
     position is in the context.
 
-    shared_kv_rows: [kv_heads, S], the rows of a cached prefix that every request of the batch
-    has at positions [0, S); kv_rows then covers only each request's positions after it. The
-    prefix is gathered once and all queries attend to it in one matmul per KV head, instead of
-    every request gathering its own copy (the cost of decoding many requests under one long
-    system prompt).
+    With `shared`, kv_rows covers only each row's positions after its group's prefix; the two
+    parts are attended separately and merged by their softmax normalisers.
     """
     b, kv_heads, length = kv_rows.shape
     heads, dim = q.shape[1], q.shape[2]
@@ -53,25 +62,40 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     v = _gather_rows(v_cache, kv_rows).view(b, kv_heads, length, dim)
     # the query heads that share a KV head are rows of one query
     qg = q.view(b, kv_heads, group, dim)
-    scores = torch.matmul(qg, k.transpose(-1, -2))
-    if shared_kv_rows is not None:
-        s = shared_kv_rows.shape[1]
-        k_shared = _gather_rows(k_cache, shared_kv_rows).view(kv_heads, s, dim)
-        q_rows = qg.transpose(0, 1).reshape(kv_heads, b * group, dim)
-        shared_scores = torch.matmul(q_rows, k_shared.transpose(-1, -2)).view(kv_heads, b, group, s)
-        scores = torch.cat([shared_scores.transpose(0, 1), scores], dim=-1)
-    scores = scores.float().mul_(scale)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float().mul_(scale)
     if mask is not None:
-        scores[..., scores.shape[-1] - length:].masked_fill_(~mask, float("-inf"))
-    probs = scores.softmax(-1).to(q.dtype)
-    if shared_kv_rows is None:
-        return torch.matmul(probs, v).view(q.shape)
-    v_shared = _gather_rows(v_cache, shared_kv_rows).view(kv_heads, s, dim)
-    p_shared = probs[..., :s].transpose(0, 1).reshape(kv_heads, b * group, s)
-    out = torch.matmul(p_shared, v_shared).view(kv_heads, b, group, dim).transpose(0, 1).float()
-    # the two halves are summed in float32: one more bf16 rounding than a single matmul, not two
-    out += torch.matmul(probs[..., s:], v).float()
-    return out.to(q.dtype).reshape(q.shape)
+        scores.masked_fill_(~mask, float("-inf"))
+    if shared is None:
+        return torch.matmul(scores.softmax(-1).to(q.dtype), v).view(q.shape)
+
+    own_out, own_max, own_sum = _unnormalised(scores, v)
+    n_groups, members = shared.members.shape
+    s = shared.kv_rows.shape[-1]
+    k_shared = _gather_rows(k_cache, shared.kv_rows).view(n_groups, kv_heads, s, dim)
+    v_shared = _gather_rows(v_cache, shared.kv_rows).view(n_groups, kv_heads, s, dim)
+    q_shared = (qg.index_select(0, shared.members.view(-1)).view(n_groups, members, kv_heads, group, dim)
+                .transpose(1, 2).reshape(n_groups, kv_heads, members * group, dim))
+    shared_scores = torch.matmul(q_shared, k_shared.transpose(-1, -2)).float().mul_(scale)
+    if shared.mask is not None:
+        shared_scores.masked_fill_(~shared.mask, float("-inf"))
+    # out, max and sum of each (group, member) in one tensor, moved to the rows' layout at once
+    per_member = torch.cat(_unnormalised(shared_scores, v_shared), dim=-1)
+    per_member = (per_member.view(n_groups, kv_heads, members, group, dim + 2).transpose(1, 2)
+                  .reshape(n_groups * members, kv_heads, group, dim + 2))
+    per_row = per_member.index_select(0, shared.slot_of_row)
+    shared_out, shared_max, shared_sum = per_row.split([dim, 1, 1], dim=-1)
+    shared_max = shared_max.masked_fill(~shared.in_group, float("-inf"))  # rows without a prefix
+    top = torch.maximum(own_max, shared_max)
+    own_weight, shared_weight = (own_max - top).exp_(), (shared_max - top).exp_()
+    out = (own_out * own_weight + shared_out * shared_weight) / (own_sum * own_weight + shared_sum * shared_weight)
+    return out.to(q.dtype).view(q.shape)
+
+
+def _unnormalised(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """exp(scores - max) @ v, max and sum over the last axis, all float32 (every row has a finite score)."""
+    top = scores.amax(-1, keepdim=True)
+    p = scores.sub_(top).exp_()
+    return torch.matmul(p.to(v.dtype), v).float(), top, p.sum(-1, keepdim=True)
 
 
 def _gather_rows(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

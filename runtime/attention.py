@@ -9,7 +9,7 @@ import torch
 from kernels import triton_attention as ta
 from kernels.paged_attention import decode_attention, extend_attention, write_kv
 from runtime.config import ATTENTION_BACKENDS
-from runtime.forward_batch import DecodeGroup, ForwardBatch
+from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVCache
 
 
@@ -21,7 +21,7 @@ class AttentionBackend(Protocol):
 
 
 class TorchAttentionBackend:
-    """Plain-torch paged attention (the CPU path): one batched call per decode group, one per extend segment."""
+    """Plain-torch paged attention (the CPU path): one batched call for decodes, one per extend segment."""
 
     def __init__(self, kv_cache: KVCache, head_dim: int):
         self.kv = kv_cache
@@ -32,23 +32,20 @@ class TorchAttentionBackend:
         k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
         write_kv(k_cache, v_cache, batch.out_slots, k, v)
         nd = batch.num_decode
-        groups = batch.decode_groups
-        if nd == q.shape[0] and len(groups) == 1 and groups[0].rows is None:
-            return self._decode(q, k_cache, v_cache, groups[0])
+        if nd == q.shape[0]:
+            return self._decode(q, k_cache, v_cache, batch)
         out = torch.empty_like(q)
-        for g in groups:
-            if g.rows is None:
-                out[:nd] = self._decode(q[:nd], k_cache, v_cache, g)
-            else:
-                out.index_copy_(0, g.rows, self._decode(q.index_select(0, g.rows), k_cache, v_cache, g))
+        if nd:
+            out[:nd] = self._decode(q[:nd], k_cache, v_cache, batch)
         for seg in batch.extends:
             rows = slice(seg.start, seg.start + seg.length)
             out[rows] = extend_attention(q[rows], k[rows], v[rows], k_cache, v_cache,
                                          seg.context_slots, seg.prefix_len, self.scale)
         return out
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup) -> torch.Tensor:
-        return decode_attention(q, k_cache, v_cache, g.kv_rows, g.mask, self.scale, g.shared_kv_rows)
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return decode_attention(q, k_cache, v_cache, batch.decode_kv_rows, batch.decode_mask, self.scale,
+                                batch.decode_shared)
 
 
 class TritonAttentionBackend:

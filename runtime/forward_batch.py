@@ -6,6 +6,8 @@ from typing import Optional
 
 import torch
 
+from kernels.paged_attention import SharedPrefixes
+
 
 @dataclass
 class ExtendSegment:
@@ -18,27 +20,19 @@ class ExtendSegment:
 
 
 @dataclass
-class DecodeGroup:
-    """Decode rows whose attention runs as one call (the torch path): every member has the
-    first `shared_kv_rows` positions of its context on the same cached pages."""
-    rows: Optional[torch.Tensor]    # [m] decode rows of the members; None = all decode rows, in order
-    kv_rows: torch.Tensor           # [m, kv_heads, L] decode_kv_rows of each member's pages past the shared part
-    mask: Optional[torch.Tensor]    # [m, 1, 1, L] True = attend
-    shared_kv_rows: Optional[torch.Tensor] = None  # [kv_heads, S] rows of the shared prefix, or None
-
-
-@dataclass
 class ForwardBatch:
     """Decode rows come first (one token each), then extend segments; no padding between requests."""
     input_ids: torch.Tensor                 # [T]
     positions: torch.Tensor                 # [T]
     out_slots: torch.Tensor                 # [T] where each new token's K/V is written
     num_decode: int
-    decode_groups: list[DecodeGroup] = field(default_factory=list)  # together they cover every decode row
+    decode_kv_rows: Optional[torch.Tensor] = None  # [num_decode, kv_heads, L] (decode_kv_rows) past any shared prefix
+    decode_mask: Optional[torch.Tensor] = None     # [num_decode, 1, 1, L] True = attend
+    decode_shared: Optional[SharedPrefixes] = None  # cached prefixes that groups of decode rows share
     extends: list[ExtendSegment] = field(default_factory=list)
     sample_rows: Optional[torch.Tensor] = None  # rows whose logits are needed
     # Kernel metadata, built only for backends with `needs_kernel_metadata` (the Triton one); the
-    # torch path's decode_groups / context_slots are then left empty.
+    # torch path's decode_kv_rows / decode_mask / decode_shared / context_slots are then left None.
     page_table: Optional[torch.Tensor] = None   # [rows, max_pages] the request page table itself
     decode_rows: Optional[torch.Tensor] = None  # [num_decode] page-table row of each decode
     decode_lens: Optional[torch.Tensor] = None  # [num_decode] context length, the new token included

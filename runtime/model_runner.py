@@ -6,48 +6,42 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.paged_attention import decode_kv_rows
+from kernels.paged_attention import SharedPrefixes, decode_kv_rows
 from radix import RequestPageTable, common_prefix_len
 from runtime.attention import AttentionBackend
 from runtime.cuda_graph import DecodeGraphRunner
-from runtime.forward_batch import DecodeGroup, ExtendSegment, ForwardBatch
+from runtime.forward_batch import ExtendSegment, ForwardBatch
 from runtime.request import Request
 from runtime.scheduler import ScheduledBatch
 
 
-# A group attends to its shared prefix in extra calls per layer, paid back by not gathering and
-# scoring the prefix once per member. Decode steps measured here (bf16, interleaved runs): even
-# at (members - 1) x shared tokens = 1,000-4,000; 15% faster at 7,000 (8 x 1,000), 20-40% at
-# 13,600-31,000 (32 x 440, 32 x 1,000).
+# Attending to shared prefixes costs ~35 more small ops per layer whatever the number of groups,
+# paid back by gathering and scoring each prefix once instead of once per member: worth it from
+# about this many tokens of saved work, (members - 1) x shared tokens summed over the groups.
 MIN_SHARED_DECODE_SAVING = 4096
+# A group saving less than this is left out: it would pad the others to its shape for little.
+MIN_GROUP_SAVING = 256
 
 
 def shared_prefix_groups(reqs: list[Request], page_size: int) -> list[tuple[list[int], int]]:
-    """Partition decoding requests into (indices, shared pages) groups: requests whose contexts
-    start on the same cached pages (radix-tree hits on one system prompt) attend to those pages
-    together. Requests whose sharing saves less than MIN_SHARED_DECODE_SAVING tokens of work go
-    in one group with 0 shared pages.
-    """
+    """(indices, shared pages) of each group of decoding requests whose contexts start on the
+    same cached pages (radix-tree hits on one system prompt); [] when sharing would not pay."""
     by_first_page: dict[int, list[int]] = defaultdict(list)
     for i, r in enumerate(reqs):
         by_first_page[r.pages[0]].append(i)
-    groups, alone = [], []
+    groups = []
     for members in by_first_page.values():
-        shared = 0
-        if len(members) > 1:
-            # whole pages before each request's newest position: those are never written to again
-            full = [reqs[i].pages[: reqs[i].kv_len // page_size] for i in members]
-            prefix = full[0]
-            for pages in full[1:]:
-                prefix = prefix[: common_prefix_len(prefix, pages, 1)]
-            shared = len(prefix)
-        if (len(members) - 1) * shared * page_size >= MIN_SHARED_DECODE_SAVING:
-            groups.append((members, shared))
-        else:
-            alone.extend(members)
-    if alone:
-        groups.append((sorted(alone), 0))
-    return groups
+        if len(members) < 2:
+            continue
+        # whole pages before each request's newest position: those are never written to again
+        full = [reqs[i].pages[: reqs[i].kv_len // page_size] for i in members]
+        prefix = full[0]
+        for pages in full[1:]:
+            prefix = prefix[: common_prefix_len(prefix, pages, 1)]
+        if (len(members) - 1) * len(prefix) * page_size >= MIN_GROUP_SAVING:
+            groups.append((members, len(prefix)))
+    saving = sum((len(members) - 1) * shared * page_size for members, shared in groups)
+    return groups if saving >= MIN_SHARED_DECODE_SAVING else []
 
 
 @dataclass
@@ -125,33 +119,58 @@ class ModelRunner:
                 ctx = self._slots(torch.tensor([page_row], device=self.device), prefix_len + n)[0]
             extends.append(ExtendSegment(start, n, prefix_len, ctx))
 
-        reqs = [it.req for it in batch.decodes]
-        groups = [self._decode_group(reqs, members, shared) for members, shared in shared_prefix_groups(reqs, p)]
+        kv_rows = decode_mask = shared = None
+        if batch.decodes:
+            reqs = [it.req for it in batch.decodes]
+            groups = shared_prefix_groups(reqs, p)
+            shared_pages = [0] * len(reqs)
+            for members, n in groups:
+                for i in members:
+                    shared_pages[i] = n
+            kv_rows, decode_mask = self._decode_rows(reqs, shared_pages)
+            shared = self._shared_prefixes(reqs, groups) if groups else None
 
         def t(xs):
             return torch.tensor(xs, dtype=torch.long, device=self.device)
 
         return ForwardBatch(input_ids=t(rows.ids), positions=t(rows.positions), out_slots=t(rows.out_slots),
-                            num_decode=len(reqs), decode_groups=groups, extends=extends,
-                            sample_rows=t(rows.sample_rows))
+                            num_decode=len(batch.decodes), decode_kv_rows=kv_rows, decode_mask=decode_mask,
+                            decode_shared=shared, extends=extends, sample_rows=t(rows.sample_rows))
 
-    def _decode_group(self, decodes: list[Request], members: list[int], shared_pages: int) -> DecodeGroup:
+    def _decode_rows(self, reqs: list[Request], shared_pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_rows and mask of each decode's context past its first `shared_pages` pages."""
         p = self.page_size
-        reqs = [decodes[i] for i in members]
-        lens = torch.tensor([r.kv_len + 1 - shared_pages * p for r in reqs], device=self.device)
+        skip = torch.tensor(shared_pages, device=self.device)
+        lens = torch.tensor([r.kv_len + 1 for r in reqs], device=self.device) - skip * p
         page_rows = torch.tensor([r.page_row for r in reqs], device=self.device)
         n_pages = -(-int(lens.max()) // p)
-        own_pages = self.table[page_rows, shared_pages: shared_pages + n_pages]
+        columns = (skip.unsqueeze(1) + torch.arange(n_pages, device=self.device)).clamp_(max=self.table.shape[1] - 1)
+        pages = self.table[page_rows.unsqueeze(1), columns]
         # pages past a request's end read the zeroed padding page, never a stale one
         page_used = torch.arange(n_pages, device=self.device) * p < lens.unsqueeze(1)
-        own_pages = own_pages.masked_fill(~page_used, self.pad_page)
+        pages = pages.masked_fill(~page_used, self.pad_page)
         mask = (torch.arange(n_pages * p, device=self.device) < lens.unsqueeze(1))[:, None, None, :]
-        shared = None
-        if shared_pages:
-            shared = decode_kv_rows(self.table[page_rows[:1], :shared_pages], p, self.kv_heads)[0]
-        # a group of every decode row is in order (groups list members ascending): no gather of q
-        rows = None if len(members) == len(decodes) else torch.tensor(members, device=self.device)
-        return DecodeGroup(rows, decode_kv_rows(own_pages, p, self.kv_heads), mask, shared)
+        return decode_kv_rows(pages, p, self.kv_heads), mask
+
+    def _shared_prefixes(self, reqs: list[Request], groups: list[tuple[list[int], int]]) -> SharedPrefixes:
+        p, dev = self.page_size, self.device
+        n_pages = max(n for _, n in groups)
+        size = max(len(members) for members, _ in groups)
+        first = torch.tensor([reqs[members[0]].page_row for members, _ in groups], device=dev)
+        lens = torch.tensor([n for _, n in groups], device=dev)
+        page_used = torch.arange(n_pages, device=dev) < lens.unsqueeze(1)
+        pages = self.table[first, :n_pages].masked_fill(~page_used, self.pad_page)
+        mask = (torch.arange(n_pages * p, device=dev) < (lens * p).unsqueeze(1))[:, None, None, :]
+        slot_of_row = [0] * len(reqs)
+        in_group = [False] * len(reqs)
+        for g, (members, _) in enumerate(groups):
+            for j, i in enumerate(members):
+                slot_of_row[i], in_group[i] = g * size + j, True
+        padded = [members + members[:1] * (size - len(members)) for members, _ in groups]
+        return SharedPrefixes(kv_rows=decode_kv_rows(pages, p, self.kv_heads), mask=mask,
+                              members=torch.tensor(padded, device=dev),
+                              slot_of_row=torch.tensor(slot_of_row, device=dev),
+                              in_group=torch.tensor(in_group, device=dev).view(-1, 1, 1, 1))
 
     def _build_for_kernels(self, batch: ScheduledBatch) -> ForwardBatch:
         """The batch as the Triton kernels want it: every index tensor is a view of one int64

@@ -74,16 +74,17 @@ def test_page_size_16_equals_page_size_1(make_engine, prompts, reference):
 
 
 def test_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, prompts, reference, monkeypatch):
-    # the prompts share ~60 tokens: too few for the production threshold, so it is lowered to
-    # make every group with a shared page attend to it once
+    # the prompts share ~60 tokens: too few for the production thresholds, so they are lowered
+    # to make every group with a shared page attend to it once
     import runtime.model_runner as model_runner
     monkeypatch.setattr(model_runner, "MIN_SHARED_DECODE_SAVING", 1)
+    monkeypatch.setattr(model_runner, "MIN_GROUP_SAVING", 1)
     shared_groups = []
     make_groups = model_runner.shared_prefix_groups
 
     def recording_groups(reqs, page_size):
         groups = make_groups(reqs, page_size)
-        shared_groups.extend(g for g in groups if g[1])
+        shared_groups.extend(groups)
         return groups
 
     monkeypatch.setattr(model_runner, "shared_prefix_groups", recording_groups)

@@ -10,7 +10,7 @@ import torch
 
 from kernels.paged_attention import decode_kv_rows
 from runtime.attention import TorchAttentionBackend
-from runtime.forward_batch import DecodeGroup, ExtendSegment, ForwardBatch
+from runtime.forward_batch import ExtendSegment, ForwardBatch
 from runtime.kv_cache import KVCache
 from runtime.models.llama import LlamaForCausalLM
 from runtime.models.loader import load_model_files
@@ -43,8 +43,8 @@ def our_logits(model_path, ids: list[int], page_size: int) -> tuple[torch.Tensor
         mask = (torch.arange(n_pages * page_size) <= pos)[None, None, None, :]
         step = ForwardBatch(
             input_ids=torch.tensor([ids[pos]]), positions=torch.tensor([pos]), out_slots=torch.tensor([slot(pos)]),
-            num_decode=1, decode_groups=[DecodeGroup(
-                None, decode_kv_rows(torch.tensor([order[:n_pages]]), page_size, cfg.num_kv_heads), mask)])
+            num_decode=1, decode_kv_rows=decode_kv_rows(torch.tensor([order[:n_pages]]), page_size, cfg.num_kv_heads),
+            decode_mask=mask)
         steps.append(model.forward(step, attn)[0])
     return first, steps
 

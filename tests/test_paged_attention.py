@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention import decode_attention, decode_kv_rows
-from runtime.model_runner import MIN_SHARED_DECODE_SAVING, shared_prefix_groups
+from kernels.paged_attention import SharedPrefixes, decode_attention, decode_kv_rows
+from runtime.model_runner import MIN_GROUP_SAVING, MIN_SHARED_DECODE_SAVING, shared_prefix_groups
 from runtime.request import OutputStream, Request
 from runtime.sampling_params import SamplingParams
 
@@ -25,20 +25,35 @@ def whole_context(page_rows: torch.Tensor, lens: torch.Tensor):
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_decode_over_a_shared_prefix_equals_attending_each_whole_context(dtype, atol):
+def test_decode_over_shared_prefixes_equals_attending_each_whole_context(dtype, atol):
     k_cache, v_cache = paged_cache(40, dtype)
-    shared = torch.tensor([7, 3, 30, 12, 5])                      # 5 pages every request starts with
-    own = torch.tensor([[20, 21, 0], [22, 23, 24], [25, 0, 0]])   # 0: the padding page
-    lens = torch.tensor([5 * PAGE + 6, 5 * PAGE + 11, 5 * PAGE + 1])
-    q = torch.randn(3, HEADS, DIM, generator=torch.Generator().manual_seed(1)).to(dtype)
+    # rows 0 and 2 share 5 pages, rows 1 and 3 share 2 other pages, row 4 shares nothing
+    prefixes = [[7, 3, 30, 12, 5], [9, 14]]
+    own = [[20, 21], [22, 23, 24], [25], [26, 27], [28, 29, 31]]
+    prefix_of = [0, 1, 0, 1, None]
+    tail = [3, 2, 1, 4, 2]   # positions each row uses in its last own page (PAGE = 4)
+    q = torch.randn(5, HEADS, DIM, generator=torch.Generator().manual_seed(1)).to(dtype)
     scale = DIM ** -0.5
 
-    rows, mask = whole_context(torch.cat([shared.expand(3, -1), own], dim=1), lens)
+    whole = [(prefixes[g] if g is not None else []) + o for g, o in zip(prefix_of, own)]
+    lens = torch.tensor([(len(w) - 1) * PAGE + t for w, t in zip(whole, tail)])
+    rows, mask = whole_context(padded(whole), lens)
     want = decode_attention(q, k_cache, v_cache, rows, mask, scale)
-    own_rows, own_mask = whole_context(own, lens - 5 * PAGE)
-    got = decode_attention(q, k_cache, v_cache, own_rows, own_mask, scale,
-                           shared_kv_rows=decode_kv_rows(shared[None], PAGE, KV_HEADS)[0])
+
+    own_lens = torch.tensor([(len(o) - 1) * PAGE + t for o, t in zip(own, tail)])
+    own_rows, own_mask = whole_context(padded(own), own_lens)
+    prefix_rows, prefix_mask = whole_context(padded(prefixes), torch.tensor([5 * PAGE, 2 * PAGE]))
+    shared = SharedPrefixes(kv_rows=prefix_rows, mask=prefix_mask, members=torch.tensor([[0, 2], [1, 3]]),
+                            slot_of_row=torch.tensor([0, 2, 1, 3, 0]),
+                            in_group=torch.tensor([True, True, True, True, False]).view(-1, 1, 1, 1))
+    got = decode_attention(q, k_cache, v_cache, own_rows, own_mask, scale, shared)
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
+
+
+def padded(page_lists: list[list[int]]) -> torch.Tensor:
+    """Page-table rows, padded with page 0."""
+    width = max(map(len, page_lists))
+    return torch.tensor([pages + [0] * (width - len(pages)) for pages in page_lists])
 
 
 def decoding(pages: list[int], kv_len: int) -> Request:
@@ -52,7 +67,7 @@ def test_decodes_on_the_same_cached_pages_form_one_group_sharing_them():
     system = list(range(100, 100 + 160))               # 160 pages = 2,560 tokens
     reqs = [decoding(system + [1, 2], 160 * p + 20), decoding([50, 51], 20),
             decoding(system[:150] + [3, 4, 5], 150 * p + 40), decoding(system + [6], 160 * p + 3)]
-    assert shared_prefix_groups(reqs, p) == [([0, 2, 3], 150), ([1], 0)]
+    assert shared_prefix_groups(reqs, p) == [([0, 2, 3], 150)]
 
 
 def test_the_page_a_request_is_writing_is_never_shared():
@@ -68,6 +83,16 @@ def test_sharing_that_saves_little_work_is_left_to_per_request_attention():
     pages = MIN_SHARED_DECODE_SAVING // p // 3 + 1   # three members save 2 x that: too little; four, 3 x
     system = list(range(100, 100 + pages))
     reqs = [decoding(system + [90 + i], pages * p + 4) for i in range(3)]
-    assert shared_prefix_groups(reqs, p) == [([0, 1, 2], 0)]
+    assert shared_prefix_groups(reqs, p) == []
     reqs.append(decoding(system + [99], pages * p + 4))  # a fourth member tips it over
     assert shared_prefix_groups(reqs, p) == [([0, 1, 2, 3], pages)]
+
+
+def test_the_savings_of_several_groups_add_up_but_a_tiny_group_is_left_out():
+    p = 16
+    pages = MIN_SHARED_DECODE_SAVING // p // 2       # each pair saves half the threshold
+    a, b = list(range(1000, 1000 + pages)), list(range(2000, 2000 + pages))
+    tiny = list(range(3000, 3000 + MIN_GROUP_SAVING // p - 1))  # a pair sharing these saves too little
+    reqs = [decoding(a + [1], pages * p + 2), decoding(b + [2], pages * p + 2), decoding(tiny + [3], len(tiny) * p + 1),
+            decoding(a + [4], pages * p + 5), decoding(b + [5], pages * p + 7), decoding(tiny + [6], len(tiny) * p + 9)]
+    assert shared_prefix_groups(reqs, p) == [([0, 3], pages), ([1, 4], pages)]
