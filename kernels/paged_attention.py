@@ -36,7 +36,7 @@ class SharedPrefixes:
     """Cached prefixes that groups of decode rows share (the torch decode path): each group's
     prefix is gathered once and scored against all its members' queries in one matmul."""
     kv_rows: torch.Tensor            # [G, kv_heads, S] cache rows of each prefix (padded)
-    mask: Optional[torch.Tensor]     # [G, 1, 1, S] True = in the prefix; None when all are S long
+    mask: torch.Tensor               # [G, 1, 1, S] True = in the prefix
     members: torch.Tensor            # [G, M] decode row of each member (a short group repeats one)
     slot_of_row: torch.Tensor        # [B] each decode row's index in members.view(-1) (0 if none)
     in_group: torch.Tensor           # [B, 1, 1, 1] True for rows that have a shared prefix
@@ -76,8 +76,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     q_shared = (qg.index_select(0, shared.members.view(-1)).view(n_groups, members, kv_heads, group, dim)
                 .transpose(1, 2).reshape(n_groups, kv_heads, members * group, dim))
     shared_scores = torch.matmul(q_shared, k_shared.transpose(-1, -2)).float().mul_(scale)
-    if shared.mask is not None:
-        shared_scores.masked_fill_(~shared.mask, float("-inf"))
+    shared_scores.masked_fill_(~shared.mask, float("-inf"))
     # out, max and sum of each (group, member) in one tensor, moved to the rows' layout at once
     per_member = torch.cat(_unnormalised(shared_scores, v_shared), dim=-1)
     per_member = (per_member.view(n_groups, kv_heads, members, group, dim + 2).transpose(1, 2)
@@ -92,7 +91,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def _unnormalised(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """exp(scores - max) @ v, max and sum over the last axis, all float32 (every row has a finite score)."""
+    """exp(scores - max) @ v, max and sum over the last axis, all float32 (every row has a finite
+    score). Overwrites `scores`."""
     top = scores.amax(-1, keepdim=True)
     p = scores.sub_(top).exp_()
     return torch.matmul(p.to(v.dtype), v).float(), top, p.sum(-1, keepdim=True)
