@@ -31,23 +31,29 @@ def decode_kv_rows(pages: torch.Tensor, page_size: int, kv_heads: int) -> torch.
     return slots * kv_heads + torch.arange(kv_heads, device=pages.device).view(1, kv_heads, 1)
 
 
+def attention_bias(attend: torch.Tensor) -> torch.Tensor:
+    """Additive float32 scores bias from a boolean mask: 0 where True, -inf where False. Built once
+    a step; adding it is one op per layer where masked_fill on the mask's inverse takes two."""
+    return torch.zeros(attend.shape, dtype=torch.float32, device=attend.device).masked_fill_(~attend, float("-inf"))
+
+
 @dataclass
 class SharedPrefixes:
     """Cached prefixes that groups of decode rows share (the torch decode path): each group's
     prefix is gathered once and scored against all its members' queries in one matmul."""
     kv_rows: torch.Tensor            # [G, kv_heads, S] cache rows of each prefix (padded)
-    mask: torch.Tensor               # [G, 1, 1, S] True = in the prefix
+    bias: torch.Tensor               # [G, 1, 1, S] `attention_bias`: 0 in the prefix, -inf past it
     members: torch.Tensor            # [G, M] decode row of each member (a short group repeats one)
     slot_of_row: torch.Tensor        # [B] each decode row's index in members.view(-1) (0 if none)
     in_group: torch.Tensor           # [B, 1, 1, 1] True for rows that have a shared prefix
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     kv_rows: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
+                     kv_rows: torch.Tensor, bias: Optional[torch.Tensor], scale: float,
                      shared: Optional[SharedPrefixes] = None) -> torch.Tensor:
     """One query per request. q: [B, heads, dim]; kv_rows: `decode_kv_rows` of the requests'
-    page-table rows (padded with a zeroed page); mask: [B, 1, 1, n * page_size], True where a
-    position is in the context.
+    page-table rows (padded with a zeroed page); bias: [B, 1, 1, n * page_size] `attention_bias`,
+    0 where a position is in the context, -inf past its end.
 
     With `shared`, kv_rows covers only each row's positions after its group's prefix; the two
     parts are attended separately and merged by their softmax normalisers.
@@ -62,9 +68,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     v = _gather_rows(v_cache, kv_rows).view(b, kv_heads, length, dim)
     # the query heads that share a KV head are rows of one query
     qg = q.view(b, kv_heads, group, dim)
-    scores = torch.matmul(qg, k.transpose(-1, -2)).float().mul_(scale)
-    if mask is not None:
-        scores.masked_fill_(~mask, float("-inf"))
+    scores = _scaled_scores(qg, k, bias, scale)
     if shared is None:
         return torch.matmul(scores.softmax(-1).to(q.dtype), v).view(q.shape)
 
@@ -75,8 +79,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     v_shared = _gather_rows(v_cache, shared.kv_rows).view(n_groups, kv_heads, s, dim)
     q_shared = (qg.index_select(0, shared.members.view(-1)).view(n_groups, members, kv_heads, group, dim)
                 .transpose(1, 2).reshape(n_groups, kv_heads, members * group, dim))
-    shared_scores = torch.matmul(q_shared, k_shared.transpose(-1, -2)).float().mul_(scale)
-    shared_scores.masked_fill_(~shared.mask, float("-inf"))
+    shared_scores = _scaled_scores(q_shared, k_shared, shared.bias, scale)
     # out, max and sum of each (group, member) in one tensor, moved to the rows' layout at once
     per_member = torch.cat(_unnormalised(shared_scores, v_shared), dim=-1)
     per_member = (per_member.view(n_groups, kv_heads, members, group, dim + 2).transpose(1, 2)
@@ -88,6 +91,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     own_weight, shared_weight = (own_max - top).exp_(), (shared_max - top).exp_()
     out = (own_out * own_weight + shared_out * shared_weight) / (own_sum * own_weight + shared_sum * shared_weight)
     return out.to(q.dtype).view(q.shape)
+
+
+def _scaled_scores(q: torch.Tensor, k: torch.Tensor, bias: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """float32 bias + scale * q k^T (one op after the matmul: add promotes bf16 scores itself)."""
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    if bias is not None and not bias.is_floating_point():
+        raise TypeError("attention bias must be float (attention_bias of the mask), got " + str(bias.dtype))
+    if bias is None:
+        return scores.float().mul_(scale)
+    return torch.add(bias, scores, alpha=scale)
 
 
 def _unnormalised(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -44,7 +44,7 @@ class TorchAttentionBackend:
         return out
 
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        return decode_attention(q, k_cache, v_cache, batch.decode_kv_rows, batch.decode_mask, self.scale,
+        return decode_attention(q, k_cache, v_cache, batch.decode_kv_rows, batch.decode_bias, self.scale,
                                 batch.decode_shared)
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.paged_attention import SharedPrefixes, decode_kv_rows
+from kernels.paged_attention import SharedPrefixes, attention_bias, decode_kv_rows
 from radix import RequestPageTable, common_prefix_len
 from runtime.attention import AttentionBackend
 from runtime.cuda_graph import DecodeGraphRunner
@@ -119,7 +119,7 @@ class ModelRunner:
                 ctx = self._slots(torch.tensor([page_row], device=self.device), prefix_len + n)[0]
             extends.append(ExtendSegment(start, n, prefix_len, ctx))
 
-        kv_rows = decode_mask = shared = None
+        kv_rows = decode_bias = shared = None
         if batch.decodes:
             reqs = [it.req for it in batch.decodes]
             groups = shared_prefix_groups(reqs, p)
@@ -127,18 +127,18 @@ class ModelRunner:
             for members, n in groups:
                 for i in members:
                     shared_pages[i] = n
-            kv_rows, decode_mask = self._decode_rows(reqs, shared_pages)
+            kv_rows, decode_bias = self._decode_rows(reqs, shared_pages)
             shared = self._shared_prefixes(reqs, groups) if groups else None
 
         def t(xs):
             return torch.tensor(xs, dtype=torch.long, device=self.device)
 
         return ForwardBatch(input_ids=t(rows.ids), positions=t(rows.positions), out_slots=t(rows.out_slots),
-                            num_decode=len(batch.decodes), decode_kv_rows=kv_rows, decode_mask=decode_mask,
+                            num_decode=len(batch.decodes), decode_kv_rows=kv_rows, decode_bias=decode_bias,
                             decode_shared=shared, extends=extends, sample_rows=t(rows.sample_rows))
 
     def _decode_rows(self, reqs: list[Request], shared_pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """kv_rows and mask of each decode's context past its first `shared_pages` pages."""
+        """kv_rows and attention bias of each decode's context past its first `shared_pages` pages."""
         p = self.page_size
         skip = torch.tensor(shared_pages, device=self.device)
         lens = torch.tensor([r.kv_len + 1 for r in reqs], device=self.device) - skip * p
@@ -149,8 +149,8 @@ class ModelRunner:
         # pages past a request's end read the zeroed padding page, never a stale one
         page_used = torch.arange(n_pages, device=self.device) * p < lens.unsqueeze(1)
         pages = pages.masked_fill(~page_used, self.pad_page)
-        mask = (torch.arange(n_pages * p, device=self.device) < lens.unsqueeze(1))[:, None, None, :]
-        return decode_kv_rows(pages, p, self.kv_heads), mask
+        attend = (torch.arange(n_pages * p, device=self.device) < lens.unsqueeze(1))[:, None, None, :]
+        return decode_kv_rows(pages, p, self.kv_heads), attention_bias(attend)
 
     def _shared_prefixes(self, reqs: list[Request], groups: list[tuple[list[int], int]]) -> SharedPrefixes:
         p, dev = self.page_size, self.device
@@ -160,14 +160,14 @@ class ModelRunner:
         lens = torch.tensor([n for _, n in groups], device=dev)
         page_used = torch.arange(n_pages, device=dev) < lens.unsqueeze(1)
         pages = self.table[first, :n_pages].masked_fill(~page_used, self.pad_page)
-        mask = (torch.arange(n_pages * p, device=dev) < (lens * p).unsqueeze(1))[:, None, None, :]
+        attend = (torch.arange(n_pages * p, device=dev) < (lens * p).unsqueeze(1))[:, None, None, :]
         slot_of_row = [0] * len(reqs)
         in_group = [False] * len(reqs)
         for g, (members, _) in enumerate(groups):
             for j, i in enumerate(members):
                 slot_of_row[i], in_group[i] = g * size + j, True
         padded = [members + members[:1] * (size - len(members)) for members, _ in groups]
-        return SharedPrefixes(kv_rows=decode_kv_rows(pages, p, self.kv_heads), mask=mask,
+        return SharedPrefixes(kv_rows=decode_kv_rows(pages, p, self.kv_heads), bias=attention_bias(attend),
                               members=torch.tensor(padded, device=dev),
                               slot_of_row=torch.tensor(slot_of_row, device=dev),
                               in_group=torch.tensor(in_group, device=dev).view(-1, 1, 1, 1))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention import decode_kv_rows
+from kernels.paged_attention import attention_bias, decode_kv_rows
 from runtime.attention import TorchAttentionBackend
 from runtime.forward_batch import ExtendSegment, ForwardBatch
 from runtime.kv_cache import KVCache
@@ -40,11 +40,11 @@ def our_logits(model_path, ids: list[int], page_size: int) -> tuple[torch.Tensor
     steps = []
     for pos in range(n, len(ids)):
         n_pages = pos // page_size + 1
-        mask = (torch.arange(n_pages * page_size) <= pos)[None, None, None, :]
+        attend = (torch.arange(n_pages * page_size) <= pos)[None, None, None, :]
         step = ForwardBatch(
             input_ids=torch.tensor([ids[pos]]), positions=torch.tensor([pos]), out_slots=torch.tensor([slot(pos)]),
             num_decode=1, decode_kv_rows=decode_kv_rows(torch.tensor([order[:n_pages]]), page_size, cfg.num_kv_heads),
-            decode_mask=mask)
+            decode_bias=attention_bias(attend))
         steps.append(model.forward(step, attn)[0])
     return first, steps
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention import SharedPrefixes, decode_attention, decode_kv_rows
+from kernels.paged_attention import SharedPrefixes, attention_bias, decode_attention, decode_kv_rows
 from runtime.model_runner import MIN_GROUP_SAVING, MIN_SHARED_DECODE_SAVING, shared_prefix_groups
 from runtime.request import OutputStream, Request
 from runtime.sampling_params import SamplingParams
@@ -19,9 +19,9 @@ def paged_cache(pages: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Ten
 
 
 def whole_context(page_rows: torch.Tensor, lens: torch.Tensor):
-    """kv_rows and mask of each request's whole context, the unshared reference layout."""
-    mask = (torch.arange(page_rows.shape[1] * PAGE) < lens.unsqueeze(1))[:, None, None, :]
-    return decode_kv_rows(page_rows, PAGE, KV_HEADS), mask
+    """kv_rows and attention bias of each request's whole context, the unshared reference layout."""
+    attend = (torch.arange(page_rows.shape[1] * PAGE) < lens.unsqueeze(1))[:, None, None, :]
+    return decode_kv_rows(page_rows, PAGE, KV_HEADS), attention_bias(attend)
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -37,16 +37,16 @@ def test_decode_over_shared_prefixes_equals_attending_each_whole_context(dtype, 
 
     whole = [(prefixes[g] if g is not None else []) + o for g, o in zip(prefix_of, own)]
     lens = torch.tensor([(len(w) - 1) * PAGE + t for w, t in zip(whole, tail)])
-    rows, mask = whole_context(padded(whole), lens)
-    want = decode_attention(q, k_cache, v_cache, rows, mask, scale)
+    rows, bias = whole_context(padded(whole), lens)
+    want = decode_attention(q, k_cache, v_cache, rows, bias, scale)
 
     own_lens = torch.tensor([(len(o) - 1) * PAGE + t for o, t in zip(own, tail)])
-    own_rows, own_mask = whole_context(padded(own), own_lens)
-    prefix_rows, prefix_mask = whole_context(padded(prefixes), torch.tensor([5 * PAGE, 2 * PAGE]))
-    shared = SharedPrefixes(kv_rows=prefix_rows, mask=prefix_mask, members=torch.tensor([[0, 2], [1, 3]]),
+    own_rows, own_bias = whole_context(padded(own), own_lens)
+    prefix_rows, prefix_bias = whole_context(padded(prefixes), torch.tensor([5 * PAGE, 2 * PAGE]))
+    shared = SharedPrefixes(kv_rows=prefix_rows, bias=prefix_bias, members=torch.tensor([[0, 2], [1, 3]]),
                             slot_of_row=torch.tensor([0, 2, 1, 3, 0]),
                             in_group=torch.tensor([True, True, True, True, False]).view(-1, 1, 1, 1))
-    got = decode_attention(q, k_cache, v_cache, own_rows, own_mask, scale, shared)
+    got = decode_attention(q, k_cache, v_cache, own_rows, own_bias, scale, shared)
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
 
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kernels.paged_attention import decode_attention, decode_kv_rows, extend_attention, write_kv  # noqa: E402
+from kernels.paged_attention import attention_bias, decode_attention, decode_kv_rows, extend_attention, write_kv  # noqa: E402
 from kernels.triton_attention import (decode_attention_triton, extend_attention_triton,  # noqa: E402
                                       write_kv_triton)
 
@@ -94,9 +94,9 @@ def decode_reference(q, ctx: PagedContext, lens: list[int], scale: float) -> tor
     pages = ctx.table[ctx.rows, :n_pages]
     page_used = torch.arange(n_pages) * ctx.p < lens_t.unsqueeze(1)
     pages = pages.masked_fill(~page_used, ctx.pad_page)
-    mask = (torch.arange(n_pages * ctx.p) < lens_t.unsqueeze(1))[:, None, None, :]
+    attend = (torch.arange(n_pages * ctx.p) < lens_t.unsqueeze(1))[:, None, None, :]
     kv_rows = decode_kv_rows(pages, ctx.p, ctx.k.shape[2])
-    return decode_attention(q.float(), ctx.k.float(), ctx.v.float(), kv_rows, mask, scale)
+    return decode_attention(q.float(), ctx.k.float(), ctx.v.float(), kv_rows, attention_bias(attend), scale)
 
 
 def check_decode(gen: torch.Generator) -> int:

@@ -84,13 +84,15 @@ class DecoderLayer:
                  batch: ForwardBatch, attn) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
         h = F.rms_norm(x, (x.shape[-1],), self.input_norm, self.eps).to(self.dtype)
-        q, k, v = self.qkv(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k, v = q.view(t, self.heads, d), k.view(t, self.kv_heads, d), v.view(t, self.kv_heads, d)
+        qkv = self.qkv(h)
+        # q and k are adjacent in the fused output: their heads are rotated in one call
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, self.heads + self.kv_heads, d)
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.kv_heads, d)
         if self.q_norm is not None:
-            q = F.rms_norm(q, (d,), self.q_norm, self.eps)
-            k = F.rms_norm(k, (d,), self.k_norm, self.eps)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = attn.forward(self.index, q, k, v.contiguous(), batch)
+            qk = torch.cat([F.rms_norm(qk[:, : self.heads], (d,), self.q_norm, self.eps),
+                            F.rms_norm(qk[:, self.heads:], (d,), self.k_norm, self.eps)], dim=1)
+        qk = apply_rope(qk, cos, sin)
+        o = attn.forward(self.index, qk[:, : self.heads], qk[:, self.heads:], v.contiguous(), batch)
         x = x + self.o(o.reshape(t, self.q_size))
         h = F.rms_norm(x, (x.shape[-1],), self.post_attn_norm, self.eps).to(self.dtype)
         gate, up = self.gate_up(h).split([self.inter, self.inter], dim=-1)
