@@ -1,0 +1,110 @@
+"""Lower bounds for a decode step of the default model on this machine, from its parts alone.
+
+A decode step must at least run every linear layer (and the LM head) on its batch and read the
+K/V of every context token once. This times the engine's own linear layers (`runtime/models/
+llama.py`: the 4-bit form at up to 8 tokens, oneDNN bf16 above) without anything else of a step,
+measures memory bandwidth and a large bf16 matmul, and adds them up for batch 1 / 8 / 32 at
+300 tokens of context (bench/offline.py's decode-step setting). Compare with the decode steps
+bench/offline.py measures. Writes bench/results/decode_floor.json.
+
+    .venv/bin/python bench/decode_floor.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from runtime.models.llama import LlamaForCausalLM  # noqa: E402
+from runtime.models.loader import load_model_files  # noqa: E402
+
+CONTEXT = 300
+BATCHES = (1, 8, 32)
+
+
+def median_s(fn, repeats: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def memory_gb_per_s() -> dict:
+    x = torch.randn(64 * 1024 * 1024)  # 256 MiB: far beyond the caches
+    y = torch.empty_like(x)
+    read = x.numel() * 4 / median_s(x.sum, 10)
+    copy = 2 * x.numel() * 4 / median_s(lambda: y.copy_(x), 10)
+    return {"read": read / 1e9, "copy_read_plus_write": copy / 1e9}
+
+
+def bf16_matmul_tflops(n: int = 2048) -> float:
+    a, b = torch.randn(n, n).to(torch.bfloat16), torch.randn(n, n).to(torch.bfloat16)
+    return 2 * n ** 3 / median_s(lambda: a @ b, 10) / 1e12
+
+
+def linear_layers_ms(model: LlamaForCausalLM, tokens: int) -> float:
+    """Every projection of every layer plus the LM head, in the forms the engine picks for `tokens`."""
+    cfg = model.cfg
+    x = torch.randn(tokens, cfg.hidden_size).to(model.dtype)
+    h = torch.randn(tokens, cfg.intermediate_size).to(model.dtype)
+
+    def run():
+        for layer in model.layers:
+            layer.qkv(x), layer.o(x), layer.gate_up(x), layer.down(h)
+        model.lm_head(x)
+    return median_s(run, 15) * 1e3
+
+
+def kv_bytes(model: LlamaForCausalLM, batch: int, context: int) -> int:
+    cfg = model.cfg
+    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(model.dtype).bits // 8
+    return batch * context * per_token
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def main() -> None:
+    torch.set_grad_enabled(False)
+    files = load_model_files(None)
+    model = LlamaForCausalLM(files.config, files.weights, torch.bfloat16, torch.device("cpu"), files.int4)
+    flags = cpu_flags()
+    report = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+                         f"torch {torch.__version__}, {torch.get_num_threads()} threads",
+              "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
+              "memory_gb_per_s": memory_gb_per_s(), "bf16_matmul_tflops_2048": bf16_matmul_tflops(),
+              "context": CONTEXT, "batches": {}}
+    print(json.dumps({k: v for k, v in report.items() if k != "batches"}, indent=1), flush=True)
+    for batch in BATCHES:
+        linear = linear_layers_ms(model, batch)
+        kv_ms = kv_bytes(model, batch, CONTEXT) / (report["memory_gb_per_s"]["read"] * 1e9) * 1e3
+        report["batches"][batch] = {"linear_layers_ms": linear, "kv_read_once_ms": kv_ms,
+                                    "floor_ms": linear + kv_ms}
+        print(f"batch {batch:2}: linear layers + LM head {linear:6.1f} ms, reading K/V once {kv_ms:5.1f} ms, "
+              f"floor {linear + kv_ms:6.1f} ms", flush=True)
+    out = Path(__file__).parent / "results" / "decode_floor.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
