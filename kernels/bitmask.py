@@ -81,7 +81,19 @@ def apply_token_bitmask_reference(logits: torch.Tensor, bitmask: torch.Tensor,
 
 # ---- vectorised torch (CPU) ------------------------------------------------------------------
 _BYTE_ORDER_OK = sys.byteorder == "little"  # the byte-table path reads int32 words as 4 bytes
-_BOUND_CACHE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+_BOUND_CACHE: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _bounds(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(+inf, -inf) scalars and a [256, 8] table: for each byte value, the upper bound of each of
+    its 8 tokens (+inf if the bit is set, else -inf), all in the logits' dtype."""
+    key = (dtype, device)
+    if key not in _BOUND_CACHE:
+        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+        table = torch.where(bits.bool(), float("inf"), _NEG_INF).to(dtype=dtype, device=device)
+        _BOUND_CACHE[key] = (torch.tensor(float("inf"), dtype=dtype, device=device),
+                             torch.tensor(_NEG_INF, dtype=dtype, device=device), table.contiguous())
+    return _BOUND_CACHE[key]
 
 
 def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor,
@@ -89,15 +101,13 @@ def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor,
                               vocab_size: Optional[int] = None) -> None:
     """Vectorised CPU path (other devices fall back to the reference).
 
-    Grammar masks are mostly whole words: 0 (32 disallowed tokens) or -1 (32 allowed). When
-    every row allows few tokens (most words zero: a JSON key, a number), the allowed logits are
-    saved, the rows filled with -inf and the saved ones put back. Otherwise one pass takes the
-    minimum of each logit and its word's bound (-inf for a zero word, +inf otherwise; skipped
-    when no word is zero, as for rows inside a JSON string), then the clear bits of the partly
-    allowed words get -inf. A word with one bit to act on (the usual case) costs a few numpy
-    ops on a vector; only words with several are unpacked. When over half the words are partly
-    allowed (random masks), a byte table bounds every token instead. min() rather than add(): a
-    disallowed +inf logit still ends at -inf.
+    Grammar masks are mostly whole words: 0 (32 disallowed tokens) or -1 (32 allowed). One pass
+    over the masked rows takes the minimum of each logit and its word's bound (-inf for a zero
+    word, +inf otherwise; skipped when no word is zero, as for rows inside a JSON string). Then
+    only the partly allowed words are handled: mostly clear ones (sparse rows) get a per-token
+    bound from a byte table, mostly set ones (dense rows) get -inf at each clear bit. When over
+    half the words are partly allowed (random masks), the byte table bounds every token instead.
+    min() rather than add(): a disallowed +inf logit still ends at -inf (a NaN logit stays NaN).
     Fastest when the masked rows are one block (rows None or consecutive); scattered rows are
     gathered and written back.
     """
@@ -137,22 +147,30 @@ def _mask_block(block: torch.Tensor, words: torch.Tensor, limit: int) -> None:
     """Mask every row of `block` ([R, V] on the CPU, unit column stride) with `words` ([R, W]).
     Word-level bookkeeping runs in numpy: on ~50k words it is several times cheaper than torch."""
     n_rows = block.shape[0]
+    pos_inf, neg_inf, table = _bounds(block.dtype, block.device)
     full = limit // 32  # words whose 32 tokens are all below the limit
     if full:
-        main = block[:, :full * 32]
+        main = block[:, :full * 32].view(n_rows, full, 32)
         w = words[:, :full].numpy()
         zero = w == 0
-        partial = ~(zero | (w == -1))  # partly allowed words
-        if np.count_nonzero(partial) * 2 > w.size:  # random-looking masks: bound every token
-            _min_with_table(main.view(n_rows, full, 32), words[:, :full], _bounds(block.dtype, block.device),
-                            out=main.view(n_rows, full, 32))
-        elif (np.count_nonzero(zero, axis=1) * 2 > full).all():  # every row allows few tokens
-            _keep_allowed_only(main, w, ~zero)
+        partial = np.flatnonzero(~(zero | (w == -1)))  # partly allowed words
+        if partial.size * 2 > w.size:
+            _min_with_table(main, words[:, :full], table, out=main)
         else:
-            if zero.any():
-                main3 = main.view(n_rows, full, 32)
-                torch.minimum(main3, _word_bounds(zero, block.dtype).unsqueeze(-1), out=main3)
-            _clear_bits(main, w, partial)
+            if zero.any():  # all-allowed rows (inside a JSON string) skip the full pass
+                torch.minimum(main, _word_bounds(zero, block.dtype, pos_inf, neg_inf).unsqueeze(-1), out=main)
+            if partial.size:
+                partial_words = np.ascontiguousarray(w.reshape(-1)[partial])
+                bits = np.unpackbits(partial_words.view(np.uint8), bitorder="little")
+                mostly_clear = bits.size - np.count_nonzero(bits) > 4 * partial.size
+                if mostly_clear and main.is_contiguous():
+                    # few allowed tokens in these words (sparse rows): bound their logits bit by bit
+                    words_of, index = main.view(n_rows * full, 32), torch.from_numpy(partial)
+                    picked = words_of.index_select(0, index)
+                    _min_with_table(picked, torch.from_numpy(partial_words), table, out=picked)
+                    words_of.index_copy_(0, index, picked)
+                else:  # few disallowed tokens (dense rows): -inf at each clear bit
+                    _clear_bits(block, bits, partial, full, neg_inf)
     tail = block.shape[1] - full * 32
     if tail:  # the last, partly covered word and anything beyond the limit
         cols = torch.arange(full * 32, block.shape[1])
@@ -162,42 +180,7 @@ def _mask_block(block: torch.Tensor, words: torch.Tensor, limit: int) -> None:
             allowed = allowed & (((word >> (cols - full * 32).clamp(max=31).to(torch.int32)) & 1) == 1)
         else:
             allowed = allowed.expand(n_rows, -1)
-        block[:, full * 32:].masked_fill_(~allowed, _NEG_INF)
-
-
-def _bounds(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[256, 8] table: for each byte value, the upper bound of each of its 8 tokens (+inf if the
-    bit is set, else -inf), in the logits' dtype."""
-    key = (dtype, device)
-    if key not in _BOUND_CACHE:
-        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
-        _BOUND_CACHE[key] = torch.where(bits.bool(), float("inf"), _NEG_INF).to(dtype=dtype, device=device)
-    return _BOUND_CACHE[key]
-
-
-def _min_with_table(logits_words: torch.Tensor, words: torch.Tensor, table: torch.Tensor,
-                    out: torch.Tensor) -> None:
-    """out = min(logits, per-token bound) with the bounds looked up byte by byte ([..., 32] logits
-    for [...] words; int32 words are read as 4 little-endian bytes). min() rather than a write:
-    a disallowed +inf logit still ends at -inf."""
-    bounds = table.index_select(0, words.contiguous().view(torch.uint8).reshape(-1).int())
-    torch.minimum(logits_words, bounds.view(logits_words.shape), out=out)
-
-
-def _set_bits(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(index into `words`, bit) of every set bit of the nonzero int32/uint32 `words`. Words with
-    one bit set (the common case: a lone allowed or disallowed token) take the bit from the
-    float32 exponent; only the others are unpacked."""
-    u = words.view(np.uint32)
-    one = (u & (u - np.uint32(1))) == 0
-    single = np.flatnonzero(one)
-    bit = (u[single].astype(np.float32).view(np.int32) >> 23) - 127  # exact for powers of two
-    several = np.flatnonzero(~one)
-    if several.size:
-        bits = np.unpackbits(np.ascontiguousarray(u[several]).view(np.uint8), bitorder="little")
-        k = np.flatnonzero(bits.view(bool))  # numpy's nonzero is several times faster on bool
-        single, bit = np.concatenate([single, several[k >> 5]]), np.concatenate([bit, k & 31])
-    return single, bit
+        block[:, full * 32:].masked_fill_(~allowed, neg_inf)
 
 
 # +inf and -inf differ only in the sign bit: (integer view, sign bit position, +inf bits)
@@ -205,39 +188,33 @@ _INF_BITS = {torch.float32: (np.int32, 31, 0x7F800000), torch.bfloat16: (np.int1
              torch.float16: (np.int16, 15, 0x7C00)}
 
 
-def _word_bounds(zero: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def _word_bounds(zero: np.ndarray, dtype: torch.dtype, pos_inf: torch.Tensor, neg_inf: torch.Tensor) -> torch.Tensor:
     """-inf where a word is zero, +inf elsewhere, in `dtype` (built from bits: no float compare)."""
     if dtype in _INF_BITS:
         itype, sign, inf_bits = _INF_BITS[dtype]
         return torch.from_numpy((zero.astype(itype) << sign) | inf_bits).view(dtype)
-    return torch.from_numpy(np.where(zero, -np.inf, np.inf)).to(dtype)
+    return torch.where(torch.from_numpy(zero), neg_inf, pos_inf)
 
 
-def _keep_allowed_only(main: torch.Tensor, w: np.ndarray, nonzero: np.ndarray) -> None:
-    """Rows that allow few tokens (JSON keys, numbers): save the allowed logits, fill the rows
-    with -inf, put the saved ones back: one write of the rows plus work per allowed token."""
-    words = np.flatnonzero(nonzero)
-    word, bit = _set_bits(w.reshape(-1)[words])
-    word = words[word]
-    index = (torch.from_numpy(word // w.shape[1]), torch.from_numpy((word % w.shape[1]) * 32 + bit))
-    saved = main[index]
-    main.fill_(_NEG_INF)
-    main.index_put_(index, saved)
+def _min_with_table(logits_words: torch.Tensor, words: torch.Tensor, table: torch.Tensor,
+                    out: torch.Tensor) -> None:
+    """out = min(logits, per-token bound) with the bounds looked up byte by byte ([..., 32] logits
+    for [...] words; int32 words are read as 4 little-endian bytes)."""
+    bounds = table.index_select(0, words.contiguous().view(torch.uint8).reshape(-1).int())
+    torch.minimum(logits_words, bounds.view(logits_words.shape), out=out)
 
 
-def _clear_bits(main: torch.Tensor, w: np.ndarray, partial: np.ndarray) -> None:
-    """-inf at every clear bit of the partly allowed words (`partial` marks them in w [R, W])."""
-    p = np.flatnonzero(partial)
-    if not p.size:
-        return
-    word, bit = _set_bits(~w.reshape(-1)[p])
-    word = p[word]
-    rows, cols = word // w.shape[1], (word % w.shape[1]) * 32 + bit
-    neg_inf = torch.tensor(_NEG_INF, dtype=main.dtype)
-    if main.is_contiguous():
-        main.view(-1).index_put_((torch.from_numpy(rows * main.shape[1] + cols),), neg_inf)
+def _clear_bits(block: torch.Tensor, bits: np.ndarray, partial: np.ndarray, full: int,
+                neg_inf: torch.Tensor) -> None:
+    """-inf at every clear bit of the partly allowed words: `bits` are their bits unpacked (32 a
+    word, lowest first), `partial` their flat indices over the block's [R, full] words."""
+    clear = np.flatnonzero(bits == 0)  # k -> bit k % 32 of partial word k // 32
+    word = partial[clear >> 5]
+    row, col = word // full, (word % full) * 32 + (clear & 31)
+    if block.is_contiguous():
+        block.view(-1).index_fill_(0, torch.from_numpy(row * block.shape[1] + col), neg_inf)
     else:
-        main.index_put_((torch.from_numpy(rows), torch.from_numpy(cols)), neg_inf)
+        block.index_put_((torch.from_numpy(row), torch.from_numpy(col)), neg_inf)
 
 
 # ---- Triton (CUDA) ---------------------------------------------------------------------------
