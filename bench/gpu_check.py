@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from kernels import triton_attention as ta  # noqa: E402
-from kernels.paged_attention import decode_attention, decode_kv_rows, extend_attention, write_kv  # noqa: E402
+from kernels.paged_attention import attention_bias, decode_attention, decode_kv_rows, extend_attention, write_kv  # noqa: E402
 from runtime.attention import TritonAttentionBackend  # noqa: E402
 from runtime.cuda_graph import DecodeGraphRunner  # noqa: E402
 from runtime.forward_batch import ExtendSegment, ForwardBatch  # noqa: E402
@@ -123,8 +123,9 @@ def check_kernels(s: dict, device) -> list[dict]:
         q = torch.randn(len(lens), heads, dim, device=device, dtype=dtype)
         n = pc.table.shape[1]
         pages = pc.table.masked_fill(~(torch.arange(n, device=device) * page < pc.lens_t[:, None]), pc.pad_page)
-        mask = (torch.arange(n * page, device=device) < pc.lens_t[:, None])[:, None, None, :]
-        want = decode_attention(q.float(), pc.k.float(), pc.v.float(), decode_kv_rows(pages, page, kvh), mask, scale)
+        attend = (torch.arange(n * page, device=device) < pc.lens_t[:, None])[:, None, None, :]
+        want = decode_attention(q.float(), pc.k.float(), pc.v.float(), decode_kv_rows(pages, page, kvh),
+                                attention_bias(attend), scale)
         splits = ta.num_decode_splits(len(lens), kvh, max(lens))
         got = ta.decode_attention_triton(q, pc.k, pc.v, pc.table, pc.rows, pc.lens_t, scale, splits)
         rows.append(dict(kernel="decode_attention", page_size=page, shape=f"B={len(lens)} max_len={max(lens)} "
