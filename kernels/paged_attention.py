@@ -68,16 +68,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # matmuls below then run ~6x faster than on a [B, length, kv_heads, dim] gather, and ~2x
     # faster than CPU SDPA, whose one-row-per-head flash path is slow in bf16 (measured here).
     k = _gather_rows(k_cache, kv_rows).view(b, kv_heads, length, dim)
-    v = _gather_rows(v_cache, kv_rows).view(b, kv_heads, length, dim)
     # the query heads that share a KV head are rows of one query
     qg = q.view(b, kv_heads, group, dim)
     if shared is None:
-        return torch.matmul(_scaled_scores(qg, k, bias, scale).softmax(-1).to(q.dtype), v).view(q.shape)
+        return _weighted_values(_scaled_scores(qg, k, bias, scale).softmax(-1), v_cache, kv_rows).view(q.shape)
 
     # Both parts are scored in base 2 (scale * log2(e)) and weighted with exp2, which runs ~3x
     # faster than exp on the CPU here; softmax's own exp above is already fast.
     scale = scale * LOG2_E
-    own_out, own_max, own_sum = _unnormalised(_scaled_scores(qg, k, bias, scale), v)
+    scores = _scaled_scores(qg, k, bias, scale)
+    top = scores.amax(-1, keepdim=True)
+    p = scores.sub_(top).exp2_()
+    own_out, own_max, own_sum = _weighted_values(p, v_cache, kv_rows).float(), top, p.sum(-1, keepdim=True)
     n_groups, members = shared.members.shape
     s = shared.kv_rows.shape[-1]
     k_shared = _gather_rows(k_cache, shared.kv_rows).view(n_groups, kv_heads, s, dim)
@@ -114,6 +116,17 @@ def _unnormalised(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, 
     top = scores.amax(-1, keepdim=True)
     p = scores.sub_(top).exp2_()
     return torch.matmul(p.to(v.dtype), v).float(), top, p.sum(-1, keepdim=True)
+
+
+def _weighted_values(p: torch.Tensor, v_cache: torch.Tensor, kv_rows: torch.Tensor) -> torch.Tensor:
+    """p @ V for p [B, kv_heads, group, L] and V the cache rows kv_rows [B, kv_heads, L], without
+    gathering V: embedding_bag sums the weighted rows in place (~25% faster than gather + matmul
+    at batch 32, measured here). Returns [B, kv_heads, group, dim] in the cache's dtype."""
+    b, kv_heads, group, length = p.shape
+    bags = kv_rows.unsqueeze(2).expand(b, kv_heads, group, length).reshape(-1, length)
+    out = F.embedding_bag(bags, v_cache.reshape(-1, v_cache.shape[-1]), mode="sum",
+                          per_sample_weights=p.reshape(-1, length).to(v_cache.dtype))
+    return out.view(b, kv_heads, group, -1)
 
 
 def _gather_rows(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
