@@ -31,8 +31,9 @@ test: setup
 bench: setup
 	$(PIP) install -q -e '.[test,bench]' $(TORCH_PIN)
 	HF_HUB_OFFLINE=1 $(PY) bench/offline.py
+	HF_HUB_OFFLINE=1 $(PY) bench/decode_floor.py
 	HF_HUB_OFFLINE=1 $(PY) bench/structured.py
-	HF_HUB_OFFLINE=1 $(PY) bench/bitmask.py
+	HF_HUB_OFFLINE=1 $(PY) bench/bitmask.py --json bench/results/bitmask.json
 	HF_HUB_OFFLINE=1 $(PY) bench/prefix_workload.py
 	HF_HUB_OFFLINE=1 $(PY) bench/scheduler_overhead.py
 	HF_HUB_OFFLINE=1 $(PY) bench/compare.py
