@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +64,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     b, kv_heads, length = kv_rows.shape
     heads, dim = q.shape[1], q.shape[2]
     group = heads // kv_heads
-    # Gathered head-major, so that each (request, KV head) has its keys contiguous: the batched
-    # matmuls below then run ~6x faster than on a [B, length, kv_heads, dim] gather, and ~2x
-    # faster than CPU SDPA, whose one-row-per-head flash path is slow in bf16 (measured here).
+    # Keys gathered head-major, so that each (request, KV head) has its keys contiguous: the
+    # batched matmul below then runs ~6x faster than on a [B, length, kv_heads, dim] gather, and
+    # the whole ~2x faster than CPU SDPA, whose one-row-per-head flash path is slow in bf16
+    # (measured here). Values are never gathered (`_weighted_values`).
     k = _gather_rows(k_cache, kv_rows).view(b, kv_heads, length, dim)
     # the query heads that share a KV head are rows of one query
     qg = q.view(b, kv_heads, group, dim)
@@ -76,10 +77,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # Both parts are scored in base 2 (scale * log2(e)) and weighted with exp2, which runs ~3x
     # faster than exp on the CPU here; softmax's own exp above is already fast.
     scale = scale * LOG2_E
-    scores = _scaled_scores(qg, k, bias, scale)
-    top = scores.amax(-1, keepdim=True)
-    p = scores.sub_(top).exp2_()
-    own_out, own_max, own_sum = _weighted_values(p, v_cache, kv_rows).float(), top, p.sum(-1, keepdim=True)
+    own_out, own_max, own_sum = _unnormalised(_scaled_scores(qg, k, bias, scale),
+                                              lambda p: _weighted_values(p, v_cache, kv_rows))
     n_groups, members = shared.members.shape
     s = shared.kv_rows.shape[-1]
     k_shared = _gather_rows(k_cache, shared.kv_rows).view(n_groups, kv_heads, s, dim)
@@ -88,7 +87,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                 .transpose(1, 2).reshape(n_groups, kv_heads, members * group, dim))
     shared_scores = _scaled_scores(q_shared, k_shared, shared.bias, scale)
     # out, max and sum of each (group, member) in one tensor, moved to the rows' layout at once
-    per_member = torch.cat(_unnormalised(shared_scores, v_shared), dim=-1)
+    per_member = torch.cat(_unnormalised(shared_scores, lambda p: torch.matmul(p.to(v_shared.dtype), v_shared)),
+                           dim=-1)
     per_member = (per_member.view(n_groups, kv_heads, members, group, dim + 2).transpose(1, 2)
                   .reshape(n_groups * members, kv_heads, group, dim + 2))
     per_row = per_member.index_select(0, shared.slot_of_row)
@@ -110,12 +110,13 @@ def _scaled_scores(q: torch.Tensor, k: torch.Tensor, bias: Optional[torch.Tensor
     return torch.add(bias, scores, alpha=scale)
 
 
-def _unnormalised(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """2 ** (scores - max) @ v, max and sum over the last axis, all float32, for base-2 scores
-    (every row has a finite score). Overwrites `scores`."""
+def _unnormalised(scores: torch.Tensor, weigh_values: Callable[[torch.Tensor], torch.Tensor]
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weigh_values(p) with p = 2 ** (scores - max), the max and p's sum over the last axis, all
+    float32, for base-2 scores (every row has a finite score). Overwrites `scores`."""
     top = scores.amax(-1, keepdim=True)
     p = scores.sub_(top).exp2_()
-    return torch.matmul(p.to(v.dtype), v).float(), top, p.sum(-1, keepdim=True)
+    return weigh_values(p).float(), top, p.sum(-1, keepdim=True)
 
 
 def _weighted_values(p: torch.Tensor, v_cache: torch.Tensor, kv_rows: torch.Tensor) -> torch.Tensor:
