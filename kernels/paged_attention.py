@@ -52,7 +52,7 @@ class SharedPrefixes:
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     kv_rows: torch.Tensor, bias: Optional[torch.Tensor], scale: float,
+                     kv_rows: torch.Tensor, bias: torch.Tensor, scale: float,
                      shared: Optional[SharedPrefixes] = None) -> torch.Tensor:
     """One query per request. q: [B, heads, dim]; kv_rows: `decode_kv_rows` of the requests'
     page-table rows (padded with a zeroed page); bias: [B, 1, 1, n * page_size] `attention_bias`,
@@ -100,14 +100,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out.to(q.dtype).view(q.shape)
 
 
-def _scaled_scores(q: torch.Tensor, k: torch.Tensor, bias: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+def _scaled_scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     """float32 bias + scale * q k^T (one op after the matmul: add promotes bf16 scores itself)."""
-    scores = torch.matmul(q, k.transpose(-1, -2))
-    if bias is not None and not bias.is_floating_point():
+    if not bias.is_floating_point():  # a bool mask would be added as 0 / 1
         raise TypeError("attention bias must be float (attention_bias of the mask), got " + str(bias.dtype))
-    if bias is None:
-        return scores.float().mul_(scale)
-    return torch.add(bias, scores, alpha=scale)
+    return torch.add(bias, torch.matmul(q, k.transpose(-1, -2)), alpha=scale)
 
 
 def _unnormalised(scores: torch.Tensor, weigh_values: Callable[[torch.Tensor], torch.Tensor]

@@ -145,11 +145,16 @@ class ModelRunner:
         page_rows = torch.tensor([r.page_row for r in reqs], device=self.device)
         n_pages = -(-int(lens.max()) // p)
         columns = (skip.unsqueeze(1) + torch.arange(n_pages, device=self.device)).clamp_(max=self.table.shape[1] - 1)
-        pages = self.table[page_rows.unsqueeze(1), columns]
-        # pages past a request's end read the zeroed padding page, never a stale one
-        page_used = torch.arange(n_pages, device=self.device) * p < lens.unsqueeze(1)
+        return self._rows_and_bias(self.table[page_rows.unsqueeze(1), columns], lens)
+
+    def _rows_and_bias(self, pages: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`decode_kv_rows` and `attention_bias` of contexts of `lens` tokens on `pages` [N, n]."""
+        p, dev = self.page_size, self.device
+        n_pages = pages.shape[1]
+        # pages past a context's end read the zeroed padding page, never a stale one
+        page_used = torch.arange(n_pages, device=dev) * p < lens.unsqueeze(1)
         pages = pages.masked_fill(~page_used, self.pad_page)
-        attend = (torch.arange(n_pages * p, device=self.device) < lens.unsqueeze(1))[:, None, None, :]
+        attend = (torch.arange(n_pages * p, device=dev) < lens.unsqueeze(1))[:, None, None, :]
         return decode_kv_rows(pages, p, self.kv_heads), attention_bias(attend)
 
     def _shared_prefixes(self, reqs: list[Request], groups: list[tuple[list[int], int]]) -> SharedPrefixes:
@@ -157,17 +162,15 @@ class ModelRunner:
         n_pages = max(n for _, n in groups)
         size = max(len(members) for members, _ in groups)
         first = torch.tensor([reqs[members[0]].page_row for members, _ in groups], device=dev)
-        lens = torch.tensor([n for _, n in groups], device=dev)
-        page_used = torch.arange(n_pages, device=dev) < lens.unsqueeze(1)
-        pages = self.table[first, :n_pages].masked_fill(~page_used, self.pad_page)
-        attend = (torch.arange(n_pages * p, device=dev) < (lens * p).unsqueeze(1))[:, None, None, :]
+        kv_rows, bias = self._rows_and_bias(self.table[first, :n_pages],
+                                            torch.tensor([n * p for _, n in groups], device=dev))
         slot_of_row = [0] * len(reqs)
         in_group = [False] * len(reqs)
         for g, (members, _) in enumerate(groups):
             for j, i in enumerate(members):
                 slot_of_row[i], in_group[i] = g * size + j, True
         padded = [members + members[:1] * (size - len(members)) for members, _ in groups]
-        return SharedPrefixes(kv_rows=decode_kv_rows(pages, p, self.kv_heads), bias=attention_bias(attend),
+        return SharedPrefixes(kv_rows=kv_rows, bias=bias,
                               members=torch.tensor(padded, device=dev),
                               slot_of_row=torch.tensor(slot_of_row, device=dev),
                               in_group=torch.tensor(in_group, device=dev).view(-1, 1, 1, 1))
