@@ -8,17 +8,22 @@ The engine keeps one bitmask of max_running rows and fills the rows of its const
 Columns that no bit covers (logits wider than 32 * words) and columns at or beyond `vocab_size`
 are disallowed for masked rows. Rows not listed are never written.
 
-Three implementations, all with that contract:
+Four implementations, all with that contract:
 - `apply_token_bitmask_reference`: obvious torch (unpack bits, masked_fill). Tests compare to it.
-- `apply_token_bitmask_torch`: the CPU path: one pass over the masked rows plus work on the few
-  partly allowed words (see the function), instead of unpacking every bit.
+- `apply_token_bitmask_compiled`: the CPU path: the unpack-and-select written in torch and fused by
+  torch.compile into one pass over the masked rows (about 3-5x faster than the eager path here).
+  The first call in a process compiles it (~2 s; ~20 s when inductor's disk cache is cold), so the
+  engine calls `warm_up_compiled_bitmask` at start-up. Without a working compiler it falls back to:
+- `apply_token_bitmask_torch`: eager torch: one pass over the masked rows plus work on the few
+  partly allowed words (see `_mask_words_eager`), instead of unpacking every bit.
 - `apply_token_bitmask_triton`: the CUDA kernel (writes -inf where a bit is clear, never reads logits).
 `apply_token_bitmask_` picks by device.
 """
 from __future__ import annotations
 
+import logging
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -31,6 +36,7 @@ except ImportError:  # CPU-only installs without triton: the torch path serves e
 
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 _NEG_INF = float("-inf")
+log = logging.getLogger("radixserve.bitmask")
 
 
 def _check(logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[torch.Tensor]) -> int:
@@ -96,81 +102,65 @@ def _bounds(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, tor
     return _BOUND_CACHE[key]
 
 
+# Masks the whole words of a block: ([R, W, 32] logits view, [R, W] int32 words) -> None, in place.
+WordMasker = Callable[[torch.Tensor, torch.Tensor], None]
+
+
 def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor,
                               rows: Optional[torch.Tensor] = None,
                               vocab_size: Optional[int] = None) -> None:
-    """Vectorised CPU path (other devices fall back to the reference).
+    """Eager CPU path (other devices fall back to the reference); see `_mask_words_eager`."""
+    _apply_cpu(logits, bitmask, rows, vocab_size, _mask_words_eager)
 
-    Grammar masks are mostly whole words: 0 (32 disallowed tokens) or -1 (32 allowed). One pass
-    over the masked rows takes the minimum of each logit and its word's bound (-inf for a zero
-    word, +inf otherwise; skipped when no word is zero, as for rows inside a JSON string). Then
-    only the partly allowed words are handled: mostly clear ones (sparse rows) get a per-token
-    bound from a byte table, mostly set ones (dense rows) get -inf at each clear bit. When over
-    half the words are partly allowed (random masks), the byte table bounds every token instead.
-    min() rather than add(): a disallowed +inf logit still ends at -inf (a NaN logit stays NaN).
-    Fastest when the masked rows are one block (rows None or consecutive); scattered rows are
-    gathered and written back.
-    """
+
+def apply_token_bitmask_compiled(logits: torch.Tensor, bitmask: torch.Tensor,
+                                 rows: Optional[torch.Tensor] = None,
+                                 vocab_size: Optional[int] = None) -> None:
+    """CPU path fused by torch.compile (the eager path where compiling is unavailable)."""
+    _apply_cpu(logits, bitmask, rows, vocab_size, _mask_words_compiled)
+
+
+def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[torch.Tensor],
+               vocab_size: Optional[int], mask_words: WordMasker) -> None:
+    """Fastest when the masked rows are one block (rows None or consecutive): the words are masked
+    on a view. Scattered rows are gathered, masked and written back."""
     n_rows = _check(logits, bitmask, rows)
     if n_rows == 0:
         return
     limit = _limit(logits, bitmask, vocab_size)
-    rows_cpu = None if rows is None else rows.to("cpu", torch.long)
-    first = _contiguous_range_start(rows_cpu)
-    repeated_rows = first is None and rows_cpu.numel() != rows_cpu.unique().numel()
+    row_list = None if rows is None else rows.tolist()  # one op: small tensor ops cost ~10 us each here
+    first = _contiguous_range_start(row_list)
+    repeated_rows = first is None and len(set(row_list)) != len(row_list)
     if not _BYTE_ORDER_OK or logits.device.type != "cpu" or logits.stride(1) != 1 or repeated_rows:
         apply_token_bitmask_reference(logits, bitmask, rows, vocab_size)  # rare layouts: the simple path
         return
     bitmask = bitmask.cpu()
     if first is not None:  # masked rows form one block: work on a view
         block = logits[first:first + n_rows]
-        _mask_block(block, bitmask[first:first + n_rows], limit)
+        _mask_block(block, bitmask[first:first + n_rows], limit, mask_words)
     else:  # scattered rows: gather them, mask, put them back
-        block = logits.index_select(0, rows_cpu)
-        _mask_block(block, bitmask.index_select(0, rows_cpu), limit)
-        logits.index_copy_(0, rows_cpu, block)
+        index = torch.tensor(row_list)
+        block = logits.index_select(0, index)
+        _mask_block(block, bitmask.index_select(0, index), limit, mask_words)
+        logits.index_copy_(0, index, block)
 
 
-def _contiguous_range_start(rows: Optional[torch.Tensor]) -> Optional[int]:
+def _contiguous_range_start(rows: Optional[list[int]]) -> Optional[int]:
     """rows[0] when rows are r, r+1, ..., r+n-1 (or 0 when rows is None), else None."""
     if rows is None:
         return 0
-    if rows.numel() == 0:
+    if not rows:
         return None
-    start = int(rows[0])
-    if rows.numel() == 1 or bool((rows.diff() == 1).all()):
-        return start
-    return None
+    start = rows[0]
+    return start if rows == list(range(start, start + len(rows))) else None
 
 
-def _mask_block(block: torch.Tensor, words: torch.Tensor, limit: int) -> None:
-    """Mask every row of `block` ([R, V] on the CPU, unit column stride) with `words` ([R, W]).
-    Word-level bookkeeping runs in numpy: on ~50k words it is several times cheaper than torch."""
+def _mask_block(block: torch.Tensor, words: torch.Tensor, limit: int, mask_words: WordMasker) -> None:
+    """Mask every row of `block` ([R, V] on the CPU, unit column stride) with `words` ([R, W])."""
     n_rows = block.shape[0]
-    pos_inf, neg_inf, table = _bounds(block.dtype, block.device)
     full = limit // 32  # words whose 32 tokens are all below the limit
     if full:
-        main = block[:, :full * 32].view(n_rows, full, 32)
-        w = words[:, :full].numpy()
-        zero = w == 0
-        partial = np.flatnonzero(~(zero | (w == -1)))  # partly allowed words
-        if partial.size * 2 > w.size:
-            _min_with_table(main, words[:, :full], table, out=main)
-        else:
-            if zero.any():  # all-allowed rows (inside a JSON string) skip the full pass
-                torch.minimum(main, _word_bounds(zero, block.dtype, pos_inf, neg_inf).unsqueeze(-1), out=main)
-            if partial.size:
-                partial_words = np.ascontiguousarray(w.reshape(-1)[partial])
-                bits = np.unpackbits(partial_words.view(np.uint8), bitorder="little")
-                mostly_clear = bits.size - np.count_nonzero(bits) > 4 * partial.size
-                if mostly_clear and main.is_contiguous():
-                    # few allowed tokens in these words (sparse rows): bound their logits bit by bit
-                    words_of, index = main.view(n_rows * full, 32), torch.from_numpy(partial)
-                    picked = words_of.index_select(0, index)
-                    _min_with_table(picked, torch.from_numpy(partial_words), table, out=picked)
-                    words_of.index_copy_(0, index, picked)
-                else:  # few disallowed tokens (dense rows): -inf at each clear bit
-                    _clear_bits(block, bits, partial, full, neg_inf)
+        mask_words(block[:, :full * 32].view(n_rows, full, 32), words[:, :full])
     tail = block.shape[1] - full * 32
     if tail:  # the last, partly covered word and anything beyond the limit
         cols = torch.arange(full * 32, block.shape[1])
@@ -180,7 +170,40 @@ def _mask_block(block: torch.Tensor, words: torch.Tensor, limit: int) -> None:
             allowed = allowed & (((word >> (cols - full * 32).clamp(max=31).to(torch.int32)) & 1) == 1)
         else:
             allowed = allowed.expand(n_rows, -1)
-        block[:, full * 32:].masked_fill_(~allowed, neg_inf)
+        block[:, full * 32:].masked_fill_(~allowed, _NEG_INF)
+
+
+def _mask_words_eager(main: torch.Tensor, words: torch.Tensor) -> None:
+    """Grammar masks are mostly whole words: 0 (32 disallowed tokens) or -1 (32 allowed). One pass
+    over the rows takes the minimum of each logit and its word's bound (-inf for a zero word, +inf
+    otherwise; skipped when no word is zero, as for rows inside a JSON string). Then only the
+    partly allowed words are handled: mostly clear ones (sparse rows) get a per-token bound from a
+    byte table, mostly set ones (dense rows) get -inf at each clear bit. When over half the words
+    are partly allowed (random masks), the byte table bounds every token instead. min() rather
+    than add(): a disallowed +inf logit still ends at -inf (a NaN logit stays NaN). Word-level
+    bookkeeping runs in numpy: on ~50k words it is several times cheaper than torch."""
+    n_rows, full, _ = main.shape
+    pos_inf, neg_inf, table = _bounds(main.dtype, main.device)
+    w = words.numpy()
+    zero = w == 0
+    partial = np.flatnonzero(~(zero | (w == -1)))  # partly allowed words
+    if partial.size * 2 > w.size:
+        _min_with_table(main, words, table, out=main)
+        return
+    if zero.any():  # all-allowed rows (inside a JSON string) skip the full pass
+        torch.minimum(main, _word_bounds(zero, main.dtype, pos_inf, neg_inf).unsqueeze(-1), out=main)
+    if partial.size:
+        partial_words = np.ascontiguousarray(w.reshape(-1)[partial])
+        bits = np.unpackbits(partial_words.view(np.uint8), bitorder="little")
+        mostly_clear = bits.size - np.count_nonzero(bits) > 4 * partial.size
+        if mostly_clear and main.is_contiguous():
+            # few allowed tokens in these words (sparse rows): bound their logits bit by bit
+            words_of, index = main.view(n_rows * full, 32), torch.from_numpy(partial)
+            picked = words_of.index_select(0, index)
+            _min_with_table(picked, torch.from_numpy(partial_words), table, out=picked)
+            words_of.index_copy_(0, index, picked)
+        else:  # few disallowed tokens (dense rows): -inf at each clear bit
+            _clear_bits(main, bits, partial, neg_inf)
 
 
 # +inf and -inf differ only in the sign bit: (integer view, sign bit position, +inf bits)
@@ -204,17 +227,68 @@ def _min_with_table(logits_words: torch.Tensor, words: torch.Tensor, table: torc
     torch.minimum(logits_words, bounds.view(logits_words.shape), out=out)
 
 
-def _clear_bits(block: torch.Tensor, bits: np.ndarray, partial: np.ndarray, full: int,
-                neg_inf: torch.Tensor) -> None:
-    """-inf at every clear bit of the partly allowed words: `bits` are their bits unpacked (32 a
-    word, lowest first), `partial` their flat indices over the block's [R, full] words."""
+def _clear_bits(main: torch.Tensor, bits: np.ndarray, partial: np.ndarray, neg_inf: torch.Tensor) -> None:
+    """-inf at every clear bit of the partly allowed words: `main` is the [R, W, 32] logits view,
+    `bits` the words' bits unpacked (32 a word, lowest first), `partial` their flat word indices."""
     clear = np.flatnonzero(bits == 0)  # k -> bit k % 32 of partial word k // 32
-    word = partial[clear >> 5]
-    row, col = word // full, (word % full) * 32 + (clear & 31)
-    if block.is_contiguous():
-        block.view(-1).index_fill_(0, torch.from_numpy(row * block.shape[1] + col), neg_inf)
+    word, bit = partial[clear >> 5], clear & 31
+    if main.is_contiguous():
+        main.view(-1).index_fill_(0, torch.from_numpy(word * 32 + bit), neg_inf)
     else:
-        block.index_put_((torch.from_numpy(row), torch.from_numpy(col)), neg_inf)
+        full = main.shape[1]
+        main.index_put_((torch.from_numpy(word // full), torch.from_numpy(word % full), torch.from_numpy(bit)),
+                        neg_inf)
+
+
+# ---- compiled (CPU) --------------------------------------------------------------------------
+def _mask_words_fused(main: torch.Tensor, words: torch.Tensor) -> None:
+    """Unpack and select in one expression: torch.compile turns it into a single vectorised loop
+    that reads each word once and each logit once (eager torch would materialise the bits).
+    main: [..., 32] logits, words: main.shape[:-1] int32."""
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1) != 0
+    main.copy_(torch.where(allowed, main, _NEG_INF))
+
+
+_compiled_masker: Optional[Callable] = None
+_compiled_once = False  # a call has succeeded: compiling works here
+_compile_failed = False
+
+
+def _mask_words_compiled(main: torch.Tensor, words: torch.Tensor) -> None:
+    global _compiled_masker, _compiled_once, _compile_failed
+    if not _compile_failed:
+        try:
+            if _compiled_masker is None:
+                import torch._inductor.config as inductor_config
+                inductor_config.compile_threads = 1  # no pool of compile workers left running
+                _compiled_masker = torch.compile(_mask_words_fused, dynamic=False, fullgraph=True)
+            if main.is_contiguous():  # flat: the row count and vocab size are one dimension
+                flat_main, flat_words = main.view(-1, 32), words.reshape(-1)
+            else:
+                flat_main, flat_words = main, words.contiguous()
+            if min(flat_words.shape) > 1:  # a size of 1 would be compiled apart; so few words need no kernel
+                for dim in range(flat_words.dim()):
+                    torch._dynamo.mark_dynamic(flat_main, dim)
+                    torch._dynamo.mark_dynamic(flat_words, dim)
+                _compiled_masker(flat_main, flat_words)
+                _compiled_once = True
+                return
+        except Exception as e:
+            if not _compiled_once:  # e.g. no C++ compiler: the eager path gives the same result, slower
+                _compile_failed = True
+                log.warning("compiling the token-bitmask kernel failed (%s); using the eager torch path",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+            # else an unusual layout past dynamo's recompile limit: this call only goes eager
+    _mask_words_eager(main, words)
+
+
+def warm_up_compiled_bitmask(vocab_size: int, dtype: torch.dtype = torch.float32) -> bool:
+    """Compile the CPU kernel now for logits of this width and dtype. Returns False when compiling
+    is unavailable (the eager path serves instead)."""
+    apply_token_bitmask_compiled(torch.zeros(2, vocab_size, dtype=dtype),
+                                 torch.full((2, (vocab_size + 31) // 32), -1, dtype=torch.int32))
+    return not _compile_failed
 
 
 # ---- Triton (CUDA) ---------------------------------------------------------------------------
@@ -264,4 +338,4 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
     if logits.device.type == "cuda" and triton is not None:
         apply_token_bitmask_triton(logits, bitmask.to(logits.device, non_blocking=True), rows, vocab_size)
     else:
-        apply_token_bitmask_torch(logits, bitmask, rows, vocab_size)
+        apply_token_bitmask_compiled(logits, bitmask, rows, vocab_size)

@@ -128,6 +128,7 @@ class Engine:
             self.kv_cache.k[:, self.kv_cache.pad_page].zero_()
             self.kv_cache.v[:, self.kv_cache.pad_page].zero_()
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, seed=config.seed)
+        self.structured.warm_up(self.device)
 
     def _run(self, files: ModelFiles, ready: threading.Event, failure: list) -> None:
         try:

@@ -6,6 +6,7 @@ not pay for importing xgrammar or indexing the vocabulary.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -14,9 +15,11 @@ from typing import Optional, Sequence
 import torch
 
 from grammar import GrammarBackend, GrammarCompiler, GrammarError, GrammarSpec, make_grammar_backend
-from kernels.bitmask import apply_token_bitmask_
+from kernels.bitmask import apply_token_bitmask_, warm_up_compiled_bitmask
 from runtime.request import Request
 from runtime.tokenizer import Tokenizer
+
+log = logging.getLogger("radixserve.structured_output")
 
 
 @dataclass
@@ -61,6 +64,16 @@ class StructuredOutput:
         req.grammar = self.compiler.submit(spec)
 
     # ---- engine thread --------------------------------------------------------
+    def warm_up(self, device: torch.device) -> None:
+        """Compile the CPU mask kernel at start-up, so that the first constrained step does not
+        stall the batch for it. On the engine thread: the kernel's OpenMP team must be its own."""
+        if device.type != "cpu":
+            return
+        t0 = time.perf_counter()
+        compiled = warm_up_compiled_bitmask(self._vocab_size)
+        log.info("token-bitmask kernel %s in %.1f s", "compiled" if compiled else "unavailable (eager path)",
+                 time.perf_counter() - t0)
+
     def poll(self, pending: list[Request]) -> tuple[list[Request], list[tuple[Request, str, str]]]:
         """Split pending requests into (ready, failed with message and error kind); the rest stay pending."""
         ready, failed, still = [], [], []

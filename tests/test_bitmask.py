@@ -1,14 +1,21 @@
-"""Token-bitmask apply: the vectorised torch path and the Triton kernel against the reference."""
+"""Token-bitmask apply: both CPU paths (eager torch, torch.compile'd) and the Triton kernel against
+the reference."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.bitmask import (apply_token_bitmask_, apply_token_bitmask_reference, apply_token_bitmask_torch,
-                             pack_bitmask)
+import kernels.bitmask as bitmask_module
+from kernels.bitmask import (apply_token_bitmask_, apply_token_bitmask_compiled, apply_token_bitmask_reference,
+                             apply_token_bitmask_torch, pack_bitmask, warm_up_compiled_bitmask)
 from tests.triton_interpreter import needs_triton, run_check_under_interpreter
 
 NEG_INF = float("-inf")
+
+
+@pytest.fixture(params=[apply_token_bitmask_torch, apply_token_bitmask_compiled], ids=["eager", "compiled"])
+def cpu_path(request):
+    return request.param
 
 
 def random_case(rows: int, vocab: int, density: float, seed: int, words: int | None = None,
@@ -32,15 +39,15 @@ def test_bit_j_of_word_w_allows_token_w_times_32_plus_j():
 @pytest.mark.parametrize("vocab", [1, 31, 32, 33, 1000, 4096])
 @pytest.mark.parametrize("density", [0.005, 0.5, 0.995])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_torch_path_matches_reference(vocab, density, dtype):
+def test_cpu_path_matches_reference(vocab, density, dtype, cpu_path):
     logits, bitmask = random_case(6, vocab, density, seed=vocab, dtype=dtype)
     expected, got = logits.clone(), logits.clone()
     apply_token_bitmask_reference(expected, bitmask)
-    apply_token_bitmask_torch(got, bitmask)
+    cpu_path(got, bitmask)
     assert torch.equal(expected, got)
 
 
-def test_torch_path_matches_reference_on_grammar_like_rows():
+def test_cpu_path_matches_reference_on_grammar_like_rows(cpu_path):
     # whole words allowed or disallowed, a few partly allowed ones: the path the engine mostly sees
     allowed = torch.zeros(4, 4096, dtype=torch.bool)
     allowed[0, [3, 700, 701]] = True
@@ -50,61 +57,81 @@ def test_torch_path_matches_reference_on_grammar_like_rows():
     logits = torch.randn(4, 4096)
     expected, got = logits.clone(), logits.clone()
     apply_token_bitmask_reference(expected, pack_bitmask(allowed))
-    apply_token_bitmask_torch(got, pack_bitmask(allowed))
+    cpu_path(got, pack_bitmask(allowed))
     assert torch.equal(expected, got)
     assert torch.equal(torch.isfinite(got), allowed)
 
 
 @pytest.mark.parametrize("rows", [[1, 2, 3], [4, 0], [2], []])
-def test_only_listed_rows_are_masked(rows):
+def test_only_listed_rows_are_masked(rows, cpu_path):
     logits, bitmask = random_case(5, 1000, 0.3, seed=1)
     index = torch.tensor(rows, dtype=torch.long)
     expected, got = logits.clone(), logits.clone()
     apply_token_bitmask_reference(expected, bitmask, index)
-    apply_token_bitmask_torch(got, bitmask, index)
+    cpu_path(got, bitmask, index)
     assert torch.equal(expected, got)
     untouched = [r for r in range(5) if r not in rows]
     assert torch.equal(got[untouched], logits[untouched])
 
 
-def test_logits_beyond_bitmask_coverage_are_masked():
+def test_logits_beyond_bitmask_coverage_are_masked(cpu_path):
     logits = torch.randn(2, 100)  # the model's vocab is wider than the grammar's bitmask
     bitmask = torch.full((2, 2), -1, dtype=torch.int32)  # covers tokens 0..63, all allowed
-    apply_token_bitmask_torch(logits, bitmask)
+    cpu_path(logits, bitmask)
     assert torch.isfinite(logits[:, :64]).all() and torch.isneginf(logits[:, 64:]).all()
 
 
 @pytest.mark.parametrize("vocab_size", [990, 960, 1])
-def test_columns_at_or_beyond_vocab_size_are_masked(vocab_size):
+def test_columns_at_or_beyond_vocab_size_are_masked(vocab_size, cpu_path):
     logits, bitmask = random_case(3, 1000, 0.995, seed=2)
     expected, got = logits.clone(), logits.clone()
     apply_token_bitmask_reference(expected, bitmask, vocab_size=vocab_size)
-    apply_token_bitmask_torch(got, bitmask, vocab_size=vocab_size)
+    cpu_path(got, bitmask, vocab_size=vocab_size)
     assert torch.equal(expected, got)
     assert torch.isneginf(got[:, vocab_size:]).all()
 
 
-def test_padded_bitmask_wider_than_logits_ignores_extra_words():
+def test_padded_bitmask_wider_than_logits_ignores_extra_words(cpu_path):
     logits, bitmask = random_case(3, 1000, 0.5, seed=3, words=40)
     expected, got = logits.clone(), logits.clone()
     apply_token_bitmask_reference(expected, bitmask)
-    apply_token_bitmask_torch(got, bitmask)
+    cpu_path(got, bitmask)
     assert torch.equal(expected, got)
 
 
-def test_disallowed_positive_infinity_becomes_negative_infinity():
+def test_disallowed_positive_infinity_becomes_negative_infinity(cpu_path):
     logits = torch.full((1, 64), float("inf"))
     bitmask = torch.tensor([[1, 0]], dtype=torch.int32)
-    apply_token_bitmask_torch(logits, bitmask)
+    cpu_path(logits, bitmask)
     assert logits[0, 0] == float("inf") and torch.isneginf(logits[0, 1:]).all()
 
 
-def test_dispatch_on_cpu_uses_torch_path():
+def test_dispatch_on_cpu_matches_reference():
     logits, bitmask = random_case(2, 500, 0.5, seed=4)
     expected, got = logits.clone(), logits.clone()
     apply_token_bitmask_reference(expected, bitmask)
     apply_token_bitmask_(got, bitmask)
     assert torch.equal(expected, got)
+
+
+def test_cpu_kernel_compiles_here():
+    # the machine that runs the tests has a C++ compiler: the fast path must not silently fall back
+    assert warm_up_compiled_bitmask(4096)
+    assert not bitmask_module._compile_failed
+
+
+def test_compiled_path_falls_back_to_eager_when_compiling_fails(monkeypatch):
+    def broken(main, words):
+        raise RuntimeError("no C++ compiler")
+    monkeypatch.setattr(bitmask_module, "_compiled_masker", broken)
+    monkeypatch.setattr(bitmask_module, "_compile_failed", False)
+    monkeypatch.setattr(bitmask_module, "_compiled_once", False)  # as in a process where it never worked
+    logits, bitmask = random_case(3, 1000, 0.3, seed=5)
+    expected, got = logits.clone(), logits.clone()
+    apply_token_bitmask_reference(expected, bitmask)
+    apply_token_bitmask_compiled(got, bitmask)
+    assert torch.equal(expected, got)
+    assert bitmask_module._compile_failed
 
 
 @needs_triton
