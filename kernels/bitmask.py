@@ -12,8 +12,9 @@ Four implementations, all with that contract:
 - `apply_token_bitmask_reference`: obvious torch (unpack bits, masked_fill). Tests compare to it.
 - `apply_token_bitmask_compiled`: the CPU path: the unpack-and-select written in torch and fused by
   torch.compile into one pass over the masked rows (about 3-5x faster than the eager path here).
-  The first call in a process compiles it (~2 s; ~20 s when inductor's disk cache is cold), so the
-  engine calls `warm_up_compiled_bitmask` at start-up. Without a working compiler it falls back to:
+  The first call in a process compiles it (~2-5 s; 20-30 s while inductor's disk cache is cold),
+  so the engine calls `warm_up_compiled_bitmask` at start-up. Without a working compiler it falls
+  back to:
 - `apply_token_bitmask_torch`: eager torch: one pass over the masked rows plus work on the few
   partly allowed words (see `_mask_words_eager`), instead of unpacking every bit.
 - `apply_token_bitmask_triton`: the CUDA kernel (writes -inf where a bit is clear, never reads logits).
