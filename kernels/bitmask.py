@@ -256,32 +256,38 @@ _compiled_once = False  # a call has succeeded: compiling works here
 _compile_failed = False
 
 
+def _masker() -> Callable:
+    global _compiled_masker
+    if _compiled_masker is None:
+        import torch._inductor.config as inductor_config
+        inductor_config.compile_threads = 1  # no pool of compile workers left running
+        _compiled_masker = torch.compile(_mask_words_fused, dynamic=False, fullgraph=True)
+    return _compiled_masker
+
+
 def _mask_words_compiled(main: torch.Tensor, words: torch.Tensor) -> None:
-    global _compiled_masker, _compiled_once, _compile_failed
-    if not _compile_failed:
-        try:
-            if _compiled_masker is None:
-                import torch._inductor.config as inductor_config
-                inductor_config.compile_threads = 1  # no pool of compile workers left running
-                _compiled_masker = torch.compile(_mask_words_fused, dynamic=False, fullgraph=True)
-            if main.is_contiguous():  # flat: the row count and vocab size are one dimension
-                flat_main, flat_words = main.view(-1, 32), words.reshape(-1)
-            else:
-                flat_main, flat_words = main, words.contiguous()
-            if min(flat_words.shape) > 1:  # a size of 1 would be compiled apart; so few words need no kernel
-                for dim in range(flat_words.dim()):
-                    torch._dynamo.mark_dynamic(flat_main, dim)
-                    torch._dynamo.mark_dynamic(flat_words, dim)
-                _compiled_masker(flat_main, flat_words)
-                _compiled_once = True
-                return
-        except Exception as e:
-            if not _compiled_once:  # e.g. no C++ compiler: the eager path gives the same result, slower
-                _compile_failed = True
-                log.warning("compiling the token-bitmask kernel failed (%s); using the eager torch path",
-                            str(e).splitlines()[0] if str(e) else type(e).__name__)
-            # else an unusual layout past dynamo's recompile limit: this call only goes eager
-    _mask_words_eager(main, words)
+    global _compiled_once, _compile_failed
+    # flat when contiguous: the row count and vocab size are then one dimension (no recompiles)
+    flat_main, flat_words = (main.view(-1, 32), words.reshape(-1)) if main.is_contiguous() else (main, words)
+    # a size of 1 would be compiled apart, and so few words need no kernel
+    if _compile_failed or min(flat_words.shape) <= 1:
+        _mask_words_eager(main, words)
+        return
+    try:
+        masker = _masker()
+        flat_words = flat_words.contiguous()
+        for dim in range(flat_words.dim()):
+            torch._dynamo.mark_dynamic(flat_main, dim)
+            torch._dynamo.mark_dynamic(flat_words, dim)
+        masker(flat_main, flat_words)
+        _compiled_once = True
+    except Exception as e:
+        if not _compiled_once:  # e.g. no C++ compiler: the eager path gives the same result, slower
+            _compile_failed = True
+            log.warning("compiling the token-bitmask kernel failed (%s); using the eager torch path",
+                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+        # else an unusual layout past dynamo's recompile limit: this call only goes eager
+        _mask_words_eager(main, words)
 
 
 def warm_up_compiled_bitmask(vocab_size: int, dtype: torch.dtype = torch.float32) -> bool:
