@@ -5,7 +5,7 @@ Caches are [pages, page_size, kv_heads, dim]; slot s is (page s // page_size, of
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -40,6 +40,13 @@ def attention_bias(attend: torch.Tensor) -> torch.Tensor:
     return torch.zeros(attend.shape, dtype=torch.float32, device=attend.device).masked_fill_(~attend, float("-inf"))
 
 
+def value_bags(kv_rows: torch.Tensor, group: int) -> torch.Tensor:
+    """[B * kv_heads * group, L]: the cache rows each query head weighs in `_weighted_values`, for
+    `decode_kv_rows` [B, kv_heads, L] and `group` query heads per KV head. Built once per step."""
+    b, kv_heads, length = kv_rows.shape
+    return kv_rows.unsqueeze(2).expand(b, kv_heads, group, length).reshape(-1, length)
+
+
 @dataclass
 class SharedPrefixes:
     """Cached prefixes that groups of decode rows share (the torch decode path): each group's
@@ -47,16 +54,54 @@ class SharedPrefixes:
     kv_rows: torch.Tensor            # [G, kv_heads, S] cache rows of each prefix (padded)
     bias: torch.Tensor               # [G, 1, 1, S] `attention_bias`: 0 in the prefix, -inf past it
     members: torch.Tensor            # [G, M] decode row of each member (a short group repeats one)
-    slot_of_row: torch.Tensor        # [B] each decode row's index in members.view(-1) (0 if none)
-    in_group: torch.Tensor           # [B, 1, 1, 1] True for rows that have a shared prefix
+    # [B * kv_heads * group]: where each (row, KV head, query head) finds its result among the
+    # groups' results (any valid one for a row without a prefix)
+    result_rows: torch.Tensor
+    outside: Optional[torch.Tensor]  # [B, 1, 1] True for rows without a shared prefix; None if none
+    # layer -> the prefixes' K and V [G, kv_heads, S, dim], gathered on first use. The caller may
+    # hand the same dict to the next step's SharedPrefixes when its prefixes are the same pages.
+    layer_kv: dict = field(default_factory=dict)
+
+    def gathered(self, layer: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kv = self.layer_kv.get(layer)
+        if kv is None:
+            shape = (*self.kv_rows.shape, k_cache.shape[-1])
+            kv = self.layer_kv[layer] = (_gather_rows(k_cache, self.kv_rows).view(shape),
+                                         _gather_rows(v_cache, self.kv_rows).view(shape))
+        return kv
+
+    @classmethod
+    def of_groups(cls, kv_rows: torch.Tensor, bias: torch.Tensor, groups: list[list[int]], num_rows: int,
+                  query_group: int, layer_kv: Optional[dict] = None) -> "SharedPrefixes":
+        """Prefixes `kv_rows` / `bias` shared by the decode rows listed in `groups` (one list per
+        prefix) out of `num_rows`; `query_group` query heads per KV head."""
+        dev, kv_heads, size = kv_rows.device, kv_rows.shape[1], max(map(len, groups))
+        group_of_row, member_of_row, in_group = [0] * num_rows, [0] * num_rows, [False] * num_rows
+        for g, members in enumerate(groups):
+            for m, i in enumerate(members):
+                group_of_row[i], member_of_row[i], in_group[i] = g, m, True
+        g = torch.tensor(group_of_row).view(-1, 1, 1)
+        m = torch.tensor(member_of_row).view(-1, 1, 1)
+        h = torch.arange(kv_heads).view(1, -1, 1)
+        j = torch.arange(query_group).view(1, 1, -1)
+        # the groups' results come as [G, kv_heads, M, query_group] rows
+        result_rows = (((g * kv_heads + h) * size + m) * query_group + j).view(-1)
+        return cls(kv_rows=kv_rows, bias=bias,
+                   members=torch.tensor([ms + ms[:1] * (size - len(ms)) for ms in groups], device=dev),
+                   result_rows=result_rows.to(dev),
+                   outside=None if all(in_group) else ~torch.tensor(in_group, device=dev).view(-1, 1, 1),
+                   layer_kv={} if layer_kv is None else layer_kv)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      kv_rows: torch.Tensor, bias: torch.Tensor, scale: float,
-                     shared: Optional[SharedPrefixes] = None) -> torch.Tensor:
+                     shared: Optional[SharedPrefixes] = None, bags: Optional[torch.Tensor] = None,
+                     layer: int = 0) -> torch.Tensor:
     """One query per request. q: [B, heads, dim]; kv_rows: `decode_kv_rows` of the requests'
     page-table rows (padded with a zeroed page); bias: [B, 1, 1, n * page_size] `attention_bias`,
-    0 where a position is in the context, -inf past its end.
+    0 where a position is in the context, -inf past its end; bags: `value_bags(kv_rows)` if the
+    caller has them (they are the same for every layer of a step); layer: which of `shared`'s
+    gathered prefixes are this cache's.
 
     With `shared`, kv_rows covers only each row's positions after its group's prefix; the two
     parts are attended separately and merged by their softmax normalisers.
@@ -64,6 +109,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     b, kv_heads, length = kv_rows.shape
     heads, dim = q.shape[1], q.shape[2]
     group = heads // kv_heads
+    if bags is None:
+        bags = value_bags(kv_rows, group)
     # Keys gathered head-major, so that each (request, KV head) has its keys contiguous: the
     # batched matmul below then runs ~6x faster than on a [B, length, kv_heads, dim] gather, and
     # the whole ~2x faster than CPU SDPA, whose one-row-per-head flash path is slow in bf16
@@ -72,32 +119,24 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # the query heads that share a KV head are rows of one query
     qg = q.view(b, kv_heads, group, dim)
     if shared is None:
-        return _weighted_values(_scaled_scores(qg, k, bias, scale).softmax(-1), v_cache, kv_rows).view(q.shape)
+        return _weighted_values(_scaled_scores(qg, k, bias, scale).softmax(-1), v_cache, bags).view(q.shape)
 
     # Both parts are scored in base 2 (scale * log2(e)) and weighted with exp2, which runs ~3x
     # faster than exp on the CPU here; softmax's own exp above is already fast.
     scale = scale * LOG2_E
-    own_out, own_max, own_sum = _unnormalised(_scaled_scores(qg, k, bias, scale),
-                                              lambda p: _weighted_values(p, v_cache, kv_rows))
+    own = _unnormalised(_scaled_scores(qg, k, bias, scale), lambda p: _weighted_values(p, v_cache, bags))
     n_groups, members = shared.members.shape
-    s = shared.kv_rows.shape[-1]
-    k_shared = _gather_rows(k_cache, shared.kv_rows).view(n_groups, kv_heads, s, dim)
-    v_shared = _gather_rows(v_cache, shared.kv_rows).view(n_groups, kv_heads, s, dim)
+    k_shared, v_shared = shared.gathered(layer, k_cache, v_cache)
     q_shared = (qg.index_select(0, shared.members.view(-1)).view(n_groups, members, kv_heads, group, dim)
                 .transpose(1, 2).reshape(n_groups, kv_heads, members * group, dim))
-    shared_scores = _scaled_scores(q_shared, k_shared, shared.bias, scale)
-    # out, max and sum of each (group, member) in one tensor, moved to the rows' layout at once
-    per_member = torch.cat(_unnormalised(shared_scores, lambda p: torch.matmul(p.to(v_shared.dtype), v_shared)),
-                           dim=-1)
-    per_member = (per_member.view(n_groups, kv_heads, members, group, dim + 2).transpose(1, 2)
-                  .reshape(n_groups * members, kv_heads, group, dim + 2))
-    per_row = per_member.index_select(0, shared.slot_of_row)
-    shared_out, shared_max, shared_sum = per_row.split([dim, 1, 1], dim=-1)
-    shared_max = shared_max.masked_fill(~shared.in_group, float("-inf"))  # rows without a prefix
-    top = torch.maximum(own_max, shared_max)
-    own_weight, shared_weight = (own_max - top).exp2_(), (shared_max - top).exp2_()
-    out = (own_out * own_weight + shared_out * shared_weight) / (own_sum * own_weight + shared_sum * shared_weight)
-    return out.to(q.dtype).view(q.shape)
+    per_member = _unnormalised(_scaled_scores(q_shared, k_shared, shared.bias, scale), lambda p: torch.matmul(p.to(v_shared.dtype), v_shared))
+    # (out, max, sum) of the own part and of the shared one side by side: [2, B, kv_heads, group, dim + 2]
+    both = torch.stack([own, per_member.view(-1, dim + 2).index_select(0, shared.result_rows).view(own.shape)])
+    top = both[..., dim:dim + 1]
+    if shared.outside is not None:
+        top[1].masked_fill_(shared.outside.unsqueeze(-1), float("-inf"))
+    merged = both.mul_(top.sub(top.amax(0)).exp2_()).sum(0)
+    return (merged[..., :dim] / merged[..., dim + 1:]).to(q.dtype).view(q.shape)
 
 
 def _scaled_scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
@@ -107,21 +146,19 @@ def _scaled_scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: 
     return torch.add(bias, torch.matmul(q, k.transpose(-1, -2)), alpha=scale)
 
 
-def _unnormalised(scores: torch.Tensor, weigh_values: Callable[[torch.Tensor], torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """weigh_values(p) with p = 2 ** (scores - max), the max and p's sum over the last axis, all
-    float32, for base-2 scores (every row has a finite score). Overwrites `scores`."""
+def _unnormalised(scores: torch.Tensor, weigh_values: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """[..., dim + 2] float32: weigh_values(p) with p = 2 ** (scores - max), then the max, then p's
+    sum over the last axis, for base-2 scores (every row has a finite score). Overwrites `scores`."""
     top = scores.amax(-1, keepdim=True)
     p = scores.sub_(top).exp2_()
-    return weigh_values(p).float(), top, p.sum(-1, keepdim=True)
+    return torch.cat([weigh_values(p).float(), top, p.sum(-1, keepdim=True)], dim=-1)
 
 
-def _weighted_values(p: torch.Tensor, v_cache: torch.Tensor, kv_rows: torch.Tensor) -> torch.Tensor:
-    """p @ V for p [B, kv_heads, group, L] and V the cache rows kv_rows [B, kv_heads, L], without
-    gathering V: embedding_bag sums the weighted rows in place (~25% faster than gather + matmul
-    at batch 32, measured here). Returns [B, kv_heads, group, dim] in the cache's dtype."""
+def _weighted_values(p: torch.Tensor, v_cache: torch.Tensor, bags: torch.Tensor) -> torch.Tensor:
+    """p @ V for p [B, kv_heads, group, L] and V the cache rows `value_bags`, without gathering V:
+    embedding_bag sums the weighted rows in place (~25% faster than gather + matmul at batch 32,
+    measured here). Returns [B, kv_heads, group, dim] in the cache's dtype."""
     b, kv_heads, group, length = p.shape
-    bags = kv_rows.unsqueeze(2).expand(b, kv_heads, group, length).reshape(-1, length)
     out = F.embedding_bag(bags, v_cache.reshape(-1, v_cache.shape[-1]), mode="sum",
                           per_sample_weights=p.reshape(-1, length).to(v_cache.dtype))
     return out.view(b, kv_heads, group, -1)

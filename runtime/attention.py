@@ -33,19 +33,20 @@ class TorchAttentionBackend:
         write_kv(k_cache, v_cache, batch.out_slots, k, v)
         nd = batch.num_decode
         if nd == q.shape[0]:
-            return self._decode(q, k_cache, v_cache, batch)
+            return self._decode(layer, q, k_cache, v_cache, batch)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = self._decode(q[:nd], k_cache, v_cache, batch)
+            out[:nd] = self._decode(layer, q[:nd], k_cache, v_cache, batch)
         for seg in batch.extends:
             rows = slice(seg.start, seg.start + seg.length)
             out[rows] = extend_attention(q[rows], k[rows], v[rows], k_cache, v_cache,
                                          seg.context_slots, seg.prefix_len, self.scale)
         return out
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def _decode(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                batch: ForwardBatch) -> torch.Tensor:
         return decode_attention(q, k_cache, v_cache, batch.decode_kv_rows, batch.decode_bias, self.scale,
-                                batch.decode_shared)
+                                batch.decode_shared, batch.decode_value_bags, layer)
 
 
 class TritonAttentionBackend:

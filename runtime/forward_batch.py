@@ -28,11 +28,12 @@ class ForwardBatch:
     num_decode: int
     decode_kv_rows: Optional[torch.Tensor] = None  # [num_decode, kv_heads, L] (decode_kv_rows) past any shared prefix
     decode_bias: Optional[torch.Tensor] = None     # [num_decode, 1, 1, L] float32: 0 = attend, -inf = not
+    decode_value_bags: Optional[torch.Tensor] = None  # value_bags(decode_kv_rows), the same for every layer
     decode_shared: Optional[SharedPrefixes] = None  # cached prefixes that groups of decode rows share
     extends: list[ExtendSegment] = field(default_factory=list)
     sample_rows: Optional[torch.Tensor] = None  # rows whose logits are needed
     # Kernel metadata, built only for backends with `needs_kernel_metadata` (the Triton one); the
-    # torch path's decode_kv_rows / decode_bias / decode_shared / context_slots are then left None.
+    # torch path's decode_* tensors and context_slots are then left None.
     page_table: Optional[torch.Tensor] = None   # [rows, max_pages] the request page table itself
     decode_rows: Optional[torch.Tensor] = None  # [num_decode] page-table row of each decode
     decode_lens: Optional[torch.Tensor] = None  # [num_decode] context length, the new token included

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.paged_attention import SharedPrefixes, attention_bias, decode_kv_rows
+from kernels.paged_attention import SharedPrefixes, attention_bias, decode_kv_rows, value_bags
 from radix import RequestPageTable, common_prefix_len
 from runtime.attention import AttentionBackend
 from runtime.cuda_graph import DecodeGraphRunner
@@ -21,6 +21,9 @@ from runtime.scheduler import ScheduledBatch
 MIN_SHARED_DECODE_SAVING = 4096
 # A group saving less than this is left out: it would pad the others to its shape for little.
 MIN_GROUP_SAVING = 256
+# The shared prefixes' K/V stay gathered from one step to the next (when the prefixes are the same
+# pages) up to this size for all layers together; larger ones are gathered again every step.
+MAX_KEPT_PREFIX_BYTES = 256 << 20
 
 
 def shared_prefix_groups(reqs: list[Request], page_size: int) -> list[tuple[list[int], int]]:
@@ -41,7 +44,8 @@ def shared_prefix_groups(reqs: list[Request], page_size: int) -> list[tuple[list
         if (len(members) - 1) * len(prefix) * page_size >= MIN_GROUP_SAVING:
             groups.append((members, len(prefix)))
     saving = sum((len(members) - 1) * shared * page_size for members, shared in groups)
-    return groups if saving >= MIN_SHARED_DECODE_SAVING else []
+    # in page order, so that the same prefixes give the same layout from step to step
+    return sorted(groups, key=lambda g: reqs[g[0][0]].pages[0]) if saving >= MIN_SHARED_DECODE_SAVING else []
 
 
 @dataclass
@@ -59,6 +63,7 @@ class ModelRunner:
                  pad_page: int, device: torch.device):
         self.pad_page = pad_page
         self.kv_heads = model.cfg.num_kv_heads
+        self.query_group = model.cfg.num_heads // model.cfg.num_kv_heads  # query heads per KV head
         self.model = model
         self.attention = attention
         self.table = page_table.table
@@ -68,6 +73,8 @@ class ModelRunner:
         # the Triton backend reads the page table in its kernels; the torch one wants gathered slots
         self.kernel_metadata = bool(getattr(attention, "needs_kernel_metadata", False))
         self.graphs: DecodeGraphRunner | None = None
+        # (pages of each shared prefix, their gathered K/V by layer) of the previous step, if it had any
+        self._kept_prefixes: tuple[tuple, dict] | None = None
 
     def enable_decode_graphs(self, max_batch: int, max_context_len: int, capture: bool = True) -> None:
         """Replay pure-decode steps from CUDA graphs (capture=False: the same padded static batches,
@@ -119,7 +126,7 @@ class ModelRunner:
                 ctx = self._slots(torch.tensor([page_row], device=self.device), prefix_len + n)[0]
             extends.append(ExtendSegment(start, n, prefix_len, ctx))
 
-        kv_rows = decode_bias = shared = None
+        kv_rows = decode_bias = bags = shared = None
         if batch.decodes:
             reqs = [it.req for it in batch.decodes]
             groups = shared_prefix_groups(reqs, p)
@@ -128,14 +135,17 @@ class ModelRunner:
                 for i in members:
                     shared_pages[i] = n
             kv_rows, decode_bias = self._decode_rows(reqs, shared_pages)
+            bags = value_bags(kv_rows, self.query_group)
             shared = self._shared_prefixes(reqs, groups) if groups else None
+        if shared is None:
+            self._kept_prefixes = None
 
         def t(xs):
             return torch.tensor(xs, dtype=torch.long, device=self.device)
 
         return ForwardBatch(input_ids=t(rows.ids), positions=t(rows.positions), out_slots=t(rows.out_slots),
                             num_decode=len(batch.decodes), decode_kv_rows=kv_rows, decode_bias=decode_bias,
-                            decode_shared=shared, extends=extends, sample_rows=t(rows.sample_rows))
+                            decode_value_bags=bags, decode_shared=shared, extends=extends, sample_rows=t(rows.sample_rows))
 
     def _decode_rows(self, reqs: list[Request], shared_pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_rows and attention bias of each decode's context past its first `shared_pages` pages."""
@@ -160,20 +170,20 @@ class ModelRunner:
     def _shared_prefixes(self, reqs: list[Request], groups: list[tuple[list[int], int]]) -> SharedPrefixes:
         p, dev = self.page_size, self.device
         n_pages = max(n for _, n in groups)
-        size = max(len(members) for members, _ in groups)
         first = torch.tensor([reqs[members[0]].page_row for members, _ in groups], device=dev)
         kv_rows, bias = self._rows_and_bias(self.table[first, :n_pages],
                                             torch.tensor([n * p for _, n in groups], device=dev))
-        slot_of_row = [0] * len(reqs)
-        in_group = [False] * len(reqs)
-        for g, (members, _) in enumerate(groups):
-            for j, i in enumerate(members):
-                slot_of_row[i], in_group[i] = g * size + j, True
-        padded = [members + members[:1] * (size - len(members)) for members, _ in groups]
-        return SharedPrefixes(kv_rows=kv_rows, bias=bias,
-                              members=torch.tensor(padded, device=dev),
-                              slot_of_row=torch.tensor(slot_of_row, device=dev),
-                              in_group=torch.tensor(in_group, device=dev).view(-1, 1, 1, 1))
+        # Last step's gathered K/V are still right if its prefixes were these same pages: a decode's
+        # shared pages were locked since before last step's forward (its first step was a prefill),
+        # so none was freed and rewritten in between. Any step without prefixes drops them.
+        key = tuple(tuple(reqs[members[0]].pages[:n]) for members, n in groups)
+        kept = self._kept_prefixes
+        layer_kv = kept[1] if kept is not None and kept[0] == key else {}
+        cfg = self.model.cfg
+        size = 2 * cfg.num_layers * kv_rows.numel() * cfg.head_dim * self.model.dtype.itemsize
+        self._kept_prefixes = (key, layer_kv) if size <= MAX_KEPT_PREFIX_BYTES else None
+        return SharedPrefixes.of_groups(kv_rows, bias, [members for members, _ in groups], len(reqs),
+                                        self.query_group, layer_kv=layer_kv)
 
     def _build_for_kernels(self, batch: ScheduledBatch) -> ForwardBatch:
         """The batch as the Triton kernels want it: every index tensor is a view of one int64

@@ -5,6 +5,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from kernels.sampling import argmax_rows
 from runtime.request import Request, TokenLogprob
 
 
@@ -32,11 +33,11 @@ class Sampler:
 
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy) == len(params):
-            tokens = logits.max(dim=-1).indices.tolist()  # max() is ~2x faster than argmax() on CPU
+            tokens = argmax_rows(logits).tolist()
         else:
             tokens = [0] * len(params)
             if greedy:
-                for i, t in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
+                for i, t in zip(greedy, argmax_rows(logits[greedy]).tolist()):
                     tokens[i] = t
             rows = [i for i, p in enumerate(params) if not p.greedy]
             for i, t in zip(rows, self._sample_rows(logits[rows], [reqs[i] for i in rows])):
@@ -86,7 +87,7 @@ class Sampler:
             probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
         min_ps = torch.tensor([p.min_p for p in params], dtype=probs.dtype)
         if bool((min_ps > 0).any()):
-            floor = probs.max(dim=-1, keepdim=True).values * min_ps.unsqueeze(1)
+            floor = probs.amax(dim=-1, keepdim=True) * min_ps.unsqueeze(1)
             probs = torch.where(probs < floor, torch.zeros_like(probs), probs)
         # Gumbel-style: argmax(p / Exp(1)) samples from p; a seeded request draws only from its own
         # generator, so its tokens do not depend on what else is in the batch.
@@ -97,4 +98,4 @@ class Sampler:
         for i, r in enumerate(reqs):
             if r.generator is not None:
                 noise[i].exponential_(generator=r.generator)
-        return (probs / noise).argmax(dim=-1).tolist()
+        return argmax_rows(probs / noise).tolist()

@@ -88,7 +88,19 @@ def test_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, 
         return groups
 
     monkeypatch.setattr(model_runner, "shared_prefix_groups", recording_groups)
+    kept_layers = []   # layers whose gathered prefix K/V each step found kept from the step before
+    of_groups = model_runner.SharedPrefixes.of_groups
+    def recording_of_groups(*args, layer_kv):
+        kept_layers.append(len(layer_kv))
+        return of_groups(*args, layer_kv=layer_kv)
+
+    monkeypatch.setattr(model_runner.SharedPrefixes, "of_groups", staticmethod(recording_of_groups))
     engine = make_engine(page_size=4)
     batched(engine, prompts[:1])        # caches the system prompt
-    assert batched(engine, prompts) == reference
-    assert shared_groups, "no decode step attended to a shared prefix"
+    # requests end at different steps, so the groups change; the last two share a longer prefix
+    lengths = [NEW_TOKENS, NEW_TOKENS] + [12 + 4 * i for i in range(len(prompts) - 2)]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+    outs = [r.token_ids for r in engine.generate(prompts, params)]
+    assert outs == [ref[:n] for ref, n in zip(reference, lengths)]
+    assert len({tuple(members) for members, _ in shared_groups}) > 1, "the groups never changed"
+    assert max(kept_layers) == engine.model_config.num_layers, "no step reused the last step's prefix K/V"

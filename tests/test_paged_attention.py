@@ -25,12 +25,12 @@ def whole_context(page_rows: torch.Tensor, lens: torch.Tensor):
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_decode_over_shared_prefixes_equals_attending_each_whole_context(dtype, atol):
+@pytest.mark.parametrize("prefix_of", [[0, 1, 0, 1, None], [0, 1, 0, 0, 1], [0, 0, 0, 0, 0]],
+                         ids=["one-row-without-prefix", "groups-of-3-and-2", "one-group"])
+def test_decode_over_shared_prefixes_equals_attending_each_whole_context(dtype, atol, prefix_of):
     k_cache, v_cache = paged_cache(40, dtype)
-    # rows 0 and 2 share 5 pages, rows 1 and 3 share 2 other pages, row 4 shares nothing
     prefixes = [[7, 3, 30, 12, 5], [9, 14]]
     own = [[20, 21], [22, 23, 24], [25], [26, 27], [28, 29, 31]]
-    prefix_of = [0, 1, 0, 1, None]
     tail = [3, 2, 1, 4, 2]   # positions each row uses in its last own page (PAGE = 4)
     q = torch.randn(5, HEADS, DIM, generator=torch.Generator().manual_seed(1)).to(dtype)
     scale = DIM ** -0.5
@@ -40,12 +40,13 @@ def test_decode_over_shared_prefixes_equals_attending_each_whole_context(dtype, 
     rows, bias = whole_context(padded(whole), lens)
     want = decode_attention(q, k_cache, v_cache, rows, bias, scale)
 
+    used = sorted({g for g in prefix_of if g is not None})
     own_lens = torch.tensor([(len(o) - 1) * PAGE + t for o, t in zip(own, tail)])
     own_rows, own_bias = whole_context(padded(own), own_lens)
-    prefix_rows, prefix_bias = whole_context(padded(prefixes), torch.tensor([5 * PAGE, 2 * PAGE]))
-    shared = SharedPrefixes(kv_rows=prefix_rows, bias=prefix_bias, members=torch.tensor([[0, 2], [1, 3]]),
-                            slot_of_row=torch.tensor([0, 2, 1, 3, 0]),
-                            in_group=torch.tensor([True, True, True, True, False]).view(-1, 1, 1, 1))
+    prefix_rows, prefix_bias = whole_context(padded([prefixes[g] for g in used]),
+                                             torch.tensor([len(prefixes[g]) * PAGE for g in used]))
+    groups = [[i for i, g in enumerate(prefix_of) if g == n] for n in used]
+    shared = SharedPrefixes.of_groups(prefix_rows, prefix_bias, groups, len(own), HEADS // KV_HEADS)
     got = decode_attention(q, k_cache, v_cache, own_rows, own_bias, scale, shared)
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
 
