@@ -169,15 +169,52 @@ def _gather_rows(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return cache.reshape(-1, cache.shape[-1]).index_select(0, rows.reshape(-1))
 
 
+# A segment after a cached prefix is scored against its whole context with two matmuls per KV
+# head: ~1.7x faster than CPU SDPA for the short segments of requests that hit the radix cache
+# (SDPA's cost here grows with the context however few the queries; measured with 25 new tokens
+# after 565 cached). It materialises the scores, so above this many of them SDPA runs instead.
+MAX_SCORED_EXTEND = 1 << 22
+
+
+@dataclass
+class ExtendContext:
+    """Index tensors of one extend segment's scored path, built once a step (`extend_context`)."""
+    rows: torch.Tensor   # [kv_heads, L] the context's rows of a cache viewed as [slots * kv_heads, dim]
+    bias: torch.Tensor   # [n, 1, L] `attention_bias`: new token i sees the prefix and new tokens <= i
+
+
+def extend_context(context_slots: torch.Tensor, prefix_len: int, kv_heads: int, heads: int) -> Optional[ExtendContext]:
+    """The scored path's tensors for a segment with a cached prefix, or None where SDPA is better."""
+    length = context_slots.shape[0]
+    n = length - prefix_len
+    if prefix_len == 0 or n * heads * length > MAX_SCORED_EXTEND:
+        return None
+    dev = context_slots.device
+    rows = context_slots.view(1, -1) * kv_heads + torch.arange(kv_heads, device=dev).view(-1, 1)
+    visible = torch.arange(length, device=dev).view(1, 1, -1) <= torch.arange(prefix_len, length, device=dev).view(-1, 1, 1)
+    return ExtendContext(rows=rows, bias=attention_bias(visible))
+
+
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     context_slots: Optional[torch.Tensor], prefix_len: int, scale: float) -> torch.Tensor:
+                     context_slots: Optional[torch.Tensor], prefix_len: int, scale: float,
+                     context: Optional[ExtendContext] = None) -> torch.Tensor:
     """New tokens of one request: causal over themselves, full over the cached prefix.
 
     q: [n, heads, dim]; k_new/v_new: [n, kv_heads, dim]; context_slots: [prefix_len + n] (their K/V
-    already written) or None when there is no prefix.
+    already written) or None when there is no prefix; context: `extend_context` of the segment
+    when it has one (the same for every layer).
     """
-    n = q.shape[0]
+    n, heads, dim = q.shape
+    if context is not None:
+        kv_heads, length = context.rows.shape
+        group = heads // kv_heads
+        k = _gather_rows(k_cache, context.rows).view(kv_heads, length, dim)
+        v = _gather_rows(v_cache, context.rows).view(kv_heads, length, dim)
+        qh = q.view(n, kv_heads, group, dim).transpose(0, 1).reshape(kv_heads, n * group, dim)
+        scores = torch.matmul(qh, k.transpose(-1, -2)).view(kv_heads, n, group, length)
+        p = torch.add(context.bias, scores, alpha=scale).softmax(-1).to(v.dtype).view(kv_heads, n * group, length)
+        return torch.matmul(p, v).view(kv_heads, n, group, dim).transpose(0, 1).reshape(n, heads, dim)
     if prefix_len == 0:
         k, v = k_new, v_new
     else:

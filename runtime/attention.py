@@ -40,7 +40,7 @@ class TorchAttentionBackend:
         for seg in batch.extends:
             rows = slice(seg.start, seg.start + seg.length)
             out[rows] = extend_attention(q[rows], k[rows], v[rows], k_cache, v_cache,
-                                         seg.context_slots, seg.prefix_len, self.scale)
+                                         seg.context_slots, seg.prefix_len, self.scale, seg.context)
         return out
 
     def _decode(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

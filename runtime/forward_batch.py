@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from kernels.paged_attention import SharedPrefixes
+from kernels.paged_attention import ExtendContext, SharedPrefixes
 
 
 @dataclass
@@ -17,6 +17,7 @@ class ExtendSegment:
     prefix_len: int                         # tokens already in the KV cache
     # [prefix_len + length] slots; None when prefix_len == 0 or the backend reads the page table itself
     context_slots: Optional[torch.Tensor]
+    context: Optional[ExtendContext] = None  # the torch path's scored-extend tensors, when it takes that path
 
 
 @dataclass

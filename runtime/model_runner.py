@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.paged_attention import SharedPrefixes, attention_bias, decode_kv_rows, value_bags
+from kernels.paged_attention import SharedPrefixes, attention_bias, decode_kv_rows, extend_context, value_bags
 from radix import RequestPageTable, common_prefix_len
 from runtime.attention import AttentionBackend
 from runtime.cuda_graph import DecodeGraphRunner
@@ -121,10 +121,11 @@ class ModelRunner:
         rows = self._token_rows(batch)
         extends = []
         for start, n, prefix_len, page_row in rows.segments:
-            ctx = None
+            ctx = context = None
             if prefix_len:
                 ctx = self._slots(torch.tensor([page_row], device=self.device), prefix_len + n)[0]
-            extends.append(ExtendSegment(start, n, prefix_len, ctx))
+                context = extend_context(ctx, prefix_len, self.kv_heads, self.kv_heads * self.query_group)
+            extends.append(ExtendSegment(start, n, prefix_len, ctx, context))
 
         kv_rows = decode_bias = bags = shared = None
         if batch.decodes:

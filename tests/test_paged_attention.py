@@ -1,10 +1,12 @@
-"""Plain-torch decode attention over a shared cached prefix, and how decodes are grouped for it."""
+"""Plain-torch paged attention: decodes over shared cached prefixes (and how decodes are grouped
+for them), and extends after a cached prefix."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.paged_attention import SharedPrefixes, attention_bias, decode_attention, decode_kv_rows
+from kernels.paged_attention import (SharedPrefixes, attention_bias, decode_attention, decode_kv_rows, extend_attention,
+                                     extend_context)
 from runtime.model_runner import MIN_GROUP_SAVING, MIN_SHARED_DECODE_SAVING, shared_prefix_groups
 from runtime.request import OutputStream, Request
 from runtime.sampling_params import SamplingParams
@@ -97,3 +99,26 @@ def test_the_savings_of_several_groups_add_up_but_a_tiny_group_is_left_out():
     reqs = [decoding(a + [1], pages * p + 2), decoding(b + [2], pages * p + 2), decoding(tiny + [3], len(tiny) * p + 1),
             decoding(a + [4], pages * p + 5), decoding(b + [5], pages * p + 7), decoding(tiny + [6], len(tiny) * p + 9)]
     assert shared_prefix_groups(reqs, p) == [([0, 3], pages), ([1, 4], pages)]
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("prefix_len,n", [(9, 1), (13, 6), (40, 17)])
+def test_scored_extend_equals_sdpa_extend(dtype, atol, prefix_len, n):
+    k_cache, v_cache = paged_cache(40, dtype)
+    g = torch.Generator().manual_seed(prefix_len)
+    slots = torch.randperm(40 * PAGE, generator=g)[: prefix_len + n]
+    q = torch.randn(n, HEADS, DIM, generator=g).to(dtype)
+    k_new, v_new = k_cache.view(-1, KV_HEADS, DIM)[slots[prefix_len:]], v_cache.view(-1, KV_HEADS, DIM)[slots[prefix_len:]]
+    context = extend_context(slots, prefix_len, KV_HEADS, HEADS)
+    assert context is not None
+    want = extend_attention(q, k_new, v_new, k_cache, v_cache, slots, prefix_len, DIM ** -0.5)
+    got = extend_attention(q, k_new, v_new, k_cache, v_cache, slots, prefix_len, DIM ** -0.5, context)
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
+
+
+def test_long_extends_and_extends_without_a_prefix_take_sdpa():
+    import kernels.paged_attention as pa
+    assert extend_context(torch.arange(300), 0, KV_HEADS, HEADS) is None
+    n = pa.MAX_SCORED_EXTEND // (HEADS * 4096) + 1
+    assert extend_context(torch.arange(4096), 4096 - n, KV_HEADS, HEADS) is None
+    assert extend_context(torch.arange(4096), 4096 - 16, KV_HEADS, HEADS) is not None
