@@ -63,6 +63,7 @@ class SharedPrefixes:
     layer_kv: dict = field(default_factory=dict)
 
     def gathered(self, layer: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefixes' K and V in `layer`, whose caches are k_cache / v_cache."""
         kv = self.layer_kv.get(layer)
         if kv is None:
             shape = (*self.kv_rows.shape, k_cache.shape[-1])
@@ -129,7 +130,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k_shared, v_shared = shared.gathered(layer, k_cache, v_cache)
     q_shared = (qg.index_select(0, shared.members.view(-1)).view(n_groups, members, kv_heads, group, dim)
                 .transpose(1, 2).reshape(n_groups, kv_heads, members * group, dim))
-    per_member = _unnormalised(_scaled_scores(q_shared, k_shared, shared.bias, scale), lambda p: torch.matmul(p.to(v_shared.dtype), v_shared))
+    per_member = _unnormalised(_scaled_scores(q_shared, k_shared, shared.bias, scale),
+                               lambda p: torch.matmul(p.to(v_shared.dtype), v_shared))
     # (out, max, sum) of the own part and of the shared one side by side: [2, B, kv_heads, group, dim + 2]
     both = torch.stack([own, per_member.view(-1, dim + 2).index_select(0, shared.result_rows).view(own.shape)])
     top = both[..., dim:dim + 1]
@@ -191,7 +193,8 @@ def extend_context(context_slots: torch.Tensor, prefix_len: int, kv_heads: int, 
         return None
     dev = context_slots.device
     rows = context_slots.view(1, -1) * kv_heads + torch.arange(kv_heads, device=dev).view(-1, 1)
-    visible = torch.arange(length, device=dev).view(1, 1, -1) <= torch.arange(prefix_len, length, device=dev).view(-1, 1, 1)
+    positions = torch.arange(length, device=dev)
+    visible = positions.view(1, 1, -1) <= positions[prefix_len:].view(-1, 1, 1)
     return ExtendContext(rows=rows, bias=attention_bias(visible))
 
 

@@ -146,7 +146,8 @@ class ModelRunner:
 
         return ForwardBatch(input_ids=t(rows.ids), positions=t(rows.positions), out_slots=t(rows.out_slots),
                             num_decode=len(batch.decodes), decode_kv_rows=kv_rows, decode_bias=decode_bias,
-                            decode_value_bags=bags, decode_shared=shared, extends=extends, sample_rows=t(rows.sample_rows))
+                            decode_value_bags=bags, decode_shared=shared, extends=extends,
+                            sample_rows=t(rows.sample_rows))
 
     def _decode_rows(self, reqs: list[Request], shared_pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_rows and attention bias of each decode's context past its first `shared_pages` pages."""

@@ -108,7 +108,8 @@ def test_scored_extend_equals_sdpa_extend(dtype, atol, prefix_len, n):
     g = torch.Generator().manual_seed(prefix_len)
     slots = torch.randperm(40 * PAGE, generator=g)[: prefix_len + n]
     q = torch.randn(n, HEADS, DIM, generator=g).to(dtype)
-    k_new, v_new = k_cache.view(-1, KV_HEADS, DIM)[slots[prefix_len:]], v_cache.view(-1, KV_HEADS, DIM)[slots[prefix_len:]]
+    new_slots = slots[prefix_len:]   # the new tokens' K/V are already in the cache
+    k_new, v_new = k_cache.view(-1, KV_HEADS, DIM)[new_slots], v_cache.view(-1, KV_HEADS, DIM)[new_slots]
     context = extend_context(slots, prefix_len, KV_HEADS, HEADS)
     assert context is not None
     want = extend_attention(q, k_new, v_new, k_cache, v_cache, slots, prefix_len, DIM ** -0.5)
