@@ -171,53 +171,63 @@ def _gather_rows(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return cache.reshape(-1, cache.shape[-1]).index_select(0, rows.reshape(-1))
 
 
-# A segment after a cached prefix is scored against its whole context with two matmuls per KV
-# head: ~1.7x faster than CPU SDPA for the short segments of requests that hit the radix cache
-# (SDPA's cost here grows with the context however few the queries; measured with 25 new tokens
-# after 565 cached). It materialises the scores, so above this many of them SDPA runs instead.
+# Segments after a cached prefix are scored against their context with two matmuls per KV head:
+# ~1.7x faster than CPU SDPA for the short segments of requests that hit the radix cache (SDPA's
+# cost here grows with the context however few the queries; measured with 25 new tokens after 565
+# cached), and segments after the same prefix are scored together, the prefix gathered once. The
+# scores are materialised, so above this many of them SDPA runs instead.
 MAX_SCORED_EXTEND = 1 << 22
 
 
 @dataclass
 class ExtendContext:
-    """Index tensors of one extend segment's scored path, built once a step (`extend_context`)."""
+    """One scored call's index tensors (`extend_context`), built once a step."""
     rows: torch.Tensor   # [kv_heads, L] the context's rows of a cache viewed as [slots * kv_heads, dim]
-    bias: torch.Tensor   # [n, 1, L] `attention_bias`: new token i sees the prefix and new tokens <= i
+    bias: torch.Tensor   # [n, 1, L] `attention_bias`: what each of the n new tokens sees
 
 
-def extend_context(context_slots: torch.Tensor, prefix_len: int, kv_heads: int, heads: int) -> Optional[ExtendContext]:
-    """The scored path's tensors for a segment with a cached prefix, or None where SDPA is better."""
-    length = context_slots.shape[0]
-    n = length - prefix_len
+def extend_context(prefix_slots: torch.Tensor, new_slots: list[torch.Tensor], kv_heads: int,
+                   heads: int) -> Optional[ExtendContext]:
+    """Segments with new tokens at `new_slots` after the same cached prefix, scored as one call:
+    each new token sees the prefix and its own segment up to itself. None where SDPA is better."""
+    prefix_len, lens = prefix_slots.shape[0], [s.shape[0] for s in new_slots]
+    n = sum(lens)
+    length = prefix_len + n
     if prefix_len == 0 or n * heads * length > MAX_SCORED_EXTEND:
         return None
-    dev = context_slots.device
-    rows = context_slots.view(1, -1) * kv_heads + torch.arange(kv_heads, device=dev).view(-1, 1)
-    positions = torch.arange(length, device=dev)
-    visible = positions.view(1, 1, -1) <= positions[prefix_len:].view(-1, 1, 1)
-    return ExtendContext(rows=rows, bias=attention_bias(visible))
+    dev = prefix_slots.device
+    slots = torch.cat([prefix_slots, *new_slots])
+    rows = slots.view(1, -1) * kv_heads + torch.arange(kv_heads, device=dev).view(-1, 1)
+    segment = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev))
+    index = torch.cat([torch.arange(m, device=dev) for m in lens])    # position within its segment
+    own = (segment.view(-1, 1) == segment.view(1, -1)) & (index.view(1, -1) <= index.view(-1, 1))
+    visible = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool, device=dev), own], dim=1)
+    return ExtendContext(rows=rows, bias=attention_bias(visible.unsqueeze(1)))
+
+
+def scored_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            context: ExtendContext, scale: float) -> torch.Tensor:
+    """New tokens q [n, heads, dim] (their K/V already written) over `context` -> [n, heads, dim]."""
+    n, heads, dim = q.shape
+    kv_heads, length = context.rows.shape
+    group = heads // kv_heads
+    k = _gather_rows(k_cache, context.rows).view(kv_heads, length, dim)
+    v = _gather_rows(v_cache, context.rows).view(kv_heads, length, dim)
+    qh = q.view(n, kv_heads, group, dim).transpose(0, 1).reshape(kv_heads, n * group, dim)
+    scores = torch.matmul(qh, k.transpose(-1, -2)).view(kv_heads, n, group, length)
+    p = torch.add(context.bias, scores, alpha=scale).softmax(-1).to(v.dtype).view(kv_heads, n * group, length)
+    return torch.matmul(p, v).view(kv_heads, n, group, dim).transpose(0, 1).reshape(n, heads, dim)
 
 
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     context_slots: Optional[torch.Tensor], prefix_len: int, scale: float,
-                     context: Optional[ExtendContext] = None) -> torch.Tensor:
-    """New tokens of one request: causal over themselves, full over the cached prefix.
+                     context_slots: Optional[torch.Tensor], prefix_len: int, scale: float) -> torch.Tensor:
+    """New tokens of one request with SDPA: causal over themselves, full over the cached prefix.
 
     q: [n, heads, dim]; k_new/v_new: [n, kv_heads, dim]; context_slots: [prefix_len + n] (their K/V
-    already written) or None when there is no prefix; context: `extend_context` of the segment
-    when it has one (the same for every layer).
+    already written) or None when there is no prefix.
     """
-    n, heads, dim = q.shape
-    if context is not None:
-        kv_heads, length = context.rows.shape
-        group = heads // kv_heads
-        k = _gather_rows(k_cache, context.rows).view(kv_heads, length, dim)
-        v = _gather_rows(v_cache, context.rows).view(kv_heads, length, dim)
-        qh = q.view(n, kv_heads, group, dim).transpose(0, 1).reshape(kv_heads, n * group, dim)
-        scores = torch.matmul(qh, k.transpose(-1, -2)).view(kv_heads, n, group, length)
-        p = torch.add(context.bias, scores, alpha=scale).softmax(-1).to(v.dtype).view(kv_heads, n * group, length)
-        return torch.matmul(p, v).view(kv_heads, n, group, dim).transpose(0, 1).reshape(n, heads, dim)
+    n = q.shape[0]
     if prefix_len == 0:
         k, v = k_new, v_new
     else:

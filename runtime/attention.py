@@ -7,7 +7,7 @@ from typing import Protocol
 import torch
 
 from kernels import triton_attention as ta
-from kernels.paged_attention import decode_attention, extend_attention, write_kv
+from kernels.paged_attention import decode_attention, extend_attention, scored_extend_attention, write_kv
 from runtime.config import ATTENTION_BACKENDS
 from runtime.forward_batch import ForwardBatch
 from runtime.kv_cache import KVCache
@@ -21,7 +21,8 @@ class AttentionBackend(Protocol):
 
 
 class TorchAttentionBackend:
-    """Plain-torch paged attention (the CPU path): one batched call for decodes, one per extend segment."""
+    """Plain-torch paged attention (the CPU path): one batched call for decodes, one per group of extend
+    segments after the same cached prefix, one per other segment."""
 
     def __init__(self, kv_cache: KVCache, head_dim: int):
         self.kv = kv_cache
@@ -37,10 +38,15 @@ class TorchAttentionBackend:
         out = torch.empty_like(q)
         if nd:
             out[:nd] = self._decode(layer, q[:nd], k_cache, v_cache, batch)
+        for scored in batch.scored_extends:
+            out.index_copy_(0, scored.rows, scored_extend_attention(q.index_select(0, scored.rows), k_cache,
+                                                                    v_cache, scored.context, self.scale))
         for seg in batch.extends:
+            if seg.scored:
+                continue
             rows = slice(seg.start, seg.start + seg.length)
             out[rows] = extend_attention(q[rows], k[rows], v[rows], k_cache, v_cache,
-                                         seg.context_slots, seg.prefix_len, self.scale, seg.context)
+                                         seg.context_slots, seg.prefix_len, self.scale)
         return out
 
     def _decode(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -17,7 +17,14 @@ class ExtendSegment:
     prefix_len: int                         # tokens already in the KV cache
     # [prefix_len + length] slots; None when prefix_len == 0 or the backend reads the page table itself
     context_slots: Optional[torch.Tensor]
-    context: Optional[ExtendContext] = None  # the torch path's scored-extend tensors, when it takes that path
+    scored: bool = False                    # the torch path attends to it in one of `scored_extends`
+
+
+@dataclass
+class ScoredExtend:
+    """Extend segments after one cached prefix that the torch path scores in one call."""
+    rows: torch.Tensor                      # [n] their rows in the flat token batch
+    context: ExtendContext
 
 
 @dataclass
@@ -32,6 +39,7 @@ class ForwardBatch:
     decode_value_bags: Optional[torch.Tensor] = None  # value_bags(decode_kv_rows), the same for every layer
     decode_shared: Optional[SharedPrefixes] = None  # cached prefixes that groups of decode rows share
     extends: list[ExtendSegment] = field(default_factory=list)
+    scored_extends: list[ScoredExtend] = field(default_factory=list)
     sample_rows: Optional[torch.Tensor] = None  # rows whose logits are needed
     # Kernel metadata, built only for backends with `needs_kernel_metadata` (the Triton one); the
     # torch path's decode_* tensors and context_slots are then left None.

@@ -10,7 +10,7 @@ from kernels.paged_attention import SharedPrefixes, attention_bias, decode_kv_ro
 from radix import RequestPageTable, common_prefix_len
 from runtime.attention import AttentionBackend
 from runtime.cuda_graph import DecodeGraphRunner
-from runtime.forward_batch import ExtendSegment, ForwardBatch
+from runtime.forward_batch import ExtendSegment, ForwardBatch, ScoredExtend
 from runtime.request import Request
 from runtime.scheduler import ScheduledBatch
 
@@ -121,11 +121,11 @@ class ModelRunner:
         rows = self._token_rows(batch)
         extends = []
         for start, n, prefix_len, page_row in rows.segments:
-            ctx = context = None
+            ctx = None
             if prefix_len:
                 ctx = self._slots(torch.tensor([page_row], device=self.device), prefix_len + n)[0]
-                context = extend_context(ctx, prefix_len, self.kv_heads, self.kv_heads * self.query_group)
-            extends.append(ExtendSegment(start, n, prefix_len, ctx, context))
+            extends.append(ExtendSegment(start, n, prefix_len, ctx))
+        scored = self._scored_extends(extends, [item.req for item in batch.extends])
 
         kv_rows = decode_bias = bags = shared = None
         if batch.decodes:
@@ -147,7 +147,38 @@ class ModelRunner:
         return ForwardBatch(input_ids=t(rows.ids), positions=t(rows.positions), out_slots=t(rows.out_slots),
                             num_decode=len(batch.decodes), decode_kv_rows=kv_rows, decode_bias=decode_bias,
                             decode_value_bags=bags, decode_shared=shared, extends=extends,
-                            sample_rows=t(rows.sample_rows))
+                            scored_extends=scored, sample_rows=t(rows.sample_rows))
+
+    def _scored_extends(self, extends: list[ExtendSegment], reqs: list[Request]) -> list[ScoredExtend]:
+        """Segments after a cached prefix to score, those after the same whole pages in one call (a
+        wave of requests on one system prompt); marks each segment it covers."""
+        p = self.page_size
+        by_prefix: dict[tuple, list[int]] = defaultdict(list)
+        for i, (seg, r) in enumerate(zip(extends, reqs)):
+            if seg.prefix_len:
+                shareable = seg.prefix_len % p == 0   # a partly filled page is the request's own
+                by_prefix[tuple(r.pages[: seg.prefix_len // p]) if shareable else (i,)].append(i)
+        scored = []
+        for members in by_prefix.values():
+            together = self._scored(extends, members)
+            if together is not None:
+                scored.append(together)
+            elif len(members) > 1:   # too large together: one call each where that pays
+                scored.extend(s for s in (self._scored(extends, [i]) for i in members) if s is not None)
+        return scored
+
+    def _scored(self, extends: list[ExtendSegment], members: list[int]) -> ScoredExtend | None:
+        """One scored call for segments `members` (all after the same prefix), or None for SDPA."""
+        first = extends[members[0]]
+        context = extend_context(first.context_slots[: first.prefix_len],
+                                 [extends[i].context_slots[extends[i].prefix_len:] for i in members],
+                                 self.kv_heads, self.kv_heads * self.query_group)
+        if context is None:
+            return None
+        for i in members:
+            extends[i].scored = True
+        rows = [torch.arange(extends[i].start, extends[i].start + extends[i].length) for i in members]
+        return ScoredExtend(torch.cat(rows).to(self.device), context)
 
     def _decode_rows(self, reqs: list[Request], shared_pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_rows and attention bias of each decode's context past its first `shared_pages` pages."""

@@ -104,3 +104,20 @@ def test_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, 
     assert outs == [ref[:n] for ref, n in zip(reference, lengths)]
     assert len({tuple(members) for members, _ in shared_groups}) > 1, "the groups never changed"
     assert max(kept_layers) == engine.model_config.num_layers, "no step reused the last step's prefix K/V"
+
+
+def test_prefills_after_one_cached_prefix_scored_together_equal_one_by_one(make_engine, prompts, reference,
+                                                                          monkeypatch):
+    import runtime.model_runner as model_runner
+    together = []   # segments per scored extend call
+    make_context = model_runner.extend_context
+
+    def recording_context(prefix_slots, new_slots, kv_heads, heads):
+        together.append(len(new_slots))
+        return make_context(prefix_slots, new_slots, kv_heads, heads)
+
+    monkeypatch.setattr(model_runner, "extend_context", recording_context)
+    engine = make_engine()
+    batched(engine, prompts[:1])        # caches the system prompt
+    assert batched(engine, prompts) == reference
+    assert max(together) > 1, "no step scored several prefills after one cached prefix together"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels.paged_attention import (SharedPrefixes, attention_bias, decode_attention, decode_kv_rows, extend_attention,
-                                     extend_context)
+                                     extend_context, scored_extend_attention)
 from runtime.model_runner import MIN_GROUP_SAVING, MIN_SHARED_DECODE_SAVING, shared_prefix_groups
 from runtime.request import OutputStream, Request
 from runtime.sampling_params import SamplingParams
@@ -102,24 +102,31 @@ def test_the_savings_of_several_groups_add_up_but_a_tiny_group_is_left_out():
 
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("prefix_len,n", [(9, 1), (13, 6), (40, 17)])
-def test_scored_extend_equals_sdpa_extend(dtype, atol, prefix_len, n):
+@pytest.mark.parametrize("prefix_len,lens", [(9, [1]), (13, [6]), (40, [17]), (12, [5, 1, 9])],
+                         ids=["one-token", "short", "longer", "three-segments-one-prefix"])
+def test_scored_extend_equals_sdpa_extend_of_each_segment(dtype, atol, prefix_len, lens):
     k_cache, v_cache = paged_cache(40, dtype)
     g = torch.Generator().manual_seed(prefix_len)
-    slots = torch.randperm(40 * PAGE, generator=g)[: prefix_len + n]
-    q = torch.randn(n, HEADS, DIM, generator=g).to(dtype)
-    new_slots = slots[prefix_len:]   # the new tokens' K/V are already in the cache
-    k_new, v_new = k_cache.view(-1, KV_HEADS, DIM)[new_slots], v_cache.view(-1, KV_HEADS, DIM)[new_slots]
-    context = extend_context(slots, prefix_len, KV_HEADS, HEADS)
+    slots = torch.randperm(40 * PAGE, generator=g)
+    prefix, new = slots[:prefix_len], list(slots[prefix_len: prefix_len + sum(lens)].split(lens))
+    q = torch.randn(sum(lens), HEADS, DIM, generator=g).to(dtype)
+    scale = DIM ** -0.5
+    want, start = [], 0
+    for seg in new:   # each segment alone, through SDPA (its new tokens' K/V are already in the cache)
+        rows = slice(start, start + seg.shape[0])
+        k_new, v_new = k_cache.view(-1, KV_HEADS, DIM)[seg], v_cache.view(-1, KV_HEADS, DIM)[seg]
+        want.append(extend_attention(q[rows], k_new, v_new, k_cache, v_cache, torch.cat([prefix, seg]), prefix_len,
+                                     scale))
+        start += seg.shape[0]
+    context = extend_context(prefix, new, KV_HEADS, HEADS)
     assert context is not None
-    want = extend_attention(q, k_new, v_new, k_cache, v_cache, slots, prefix_len, DIM ** -0.5)
-    got = extend_attention(q, k_new, v_new, k_cache, v_cache, slots, prefix_len, DIM ** -0.5, context)
-    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
+    got = scored_extend_attention(q, k_cache, v_cache, context, scale)
+    torch.testing.assert_close(got.float(), torch.cat(want).float(), atol=atol, rtol=0)
 
 
 def test_long_extends_and_extends_without_a_prefix_take_sdpa():
     import kernels.paged_attention as pa
-    assert extend_context(torch.arange(300), 0, KV_HEADS, HEADS) is None
+    assert extend_context(torch.arange(0), [torch.arange(300)], KV_HEADS, HEADS) is None
     n = pa.MAX_SCORED_EXTEND // (HEADS * 4096) + 1
-    assert extend_context(torch.arange(4096), 4096 - n, KV_HEADS, HEADS) is None
-    assert extend_context(torch.arange(4096), 4096 - 16, KV_HEADS, HEADS) is not None
+    assert extend_context(torch.arange(4096 - n), [torch.arange(n)], KV_HEADS, HEADS) is None
+    assert extend_context(torch.arange(4096 - 16), [torch.arange(16)], KV_HEADS, HEADS) is not None
