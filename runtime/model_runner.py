@@ -157,7 +157,7 @@ class ModelRunner:
         for i, (seg, r) in enumerate(zip(extends, reqs)):
             if seg.prefix_len:
                 shareable = seg.prefix_len % p == 0   # a partly filled page is the request's own
-                by_prefix[tuple(r.pages[: seg.prefix_len // p]) if shareable else (i,)].append(i)
+                by_prefix[("pages", *r.pages[: seg.prefix_len // p]) if shareable else ("own", i)].append(i)
         scored = []
         for members in by_prefix.values():
             together = self._scored(extends, members)
