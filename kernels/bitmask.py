@@ -10,11 +10,12 @@ are disallowed for masked rows. Rows not listed are never written.
 
 Four implementations, all with that contract:
 - `apply_token_bitmask_reference`: obvious torch (unpack bits, masked_fill). Tests compare to it.
-- `apply_token_bitmask_compiled`: the CPU path: the unpack-and-select written in torch and fused by
-  torch.compile into one pass over the masked rows (about 3-5x faster than the eager path here).
-  The first call in a process compiles it (~2-5 s; 20-30 s while inductor's disk cache is cold),
-  so the engine calls `warm_up_compiled_bitmask` at start-up. Without a working compiler it falls
-  back to:
+- `apply_token_bitmask_compiled`: the CPU path: the unpack-and-select written in torch on int32
+  views of the logits and compiled by inductor into one pass over the masked rows (about 3-6x
+  faster than the eager path here). The first call in a process compiles it (~4 s; longer while
+  inductor's disk cache is cold), so the engine calls `warm_up_compiled_bitmask` at start-up.
+  Without a working compiler, and for logits rows that are not whole words apart (a vocabulary
+  that is not a multiple of 32), it falls back to:
 - `apply_token_bitmask_torch`: eager torch: one pass over the masked rows plus work on the few
   partly allowed words (see `_mask_words_eager`), instead of unpacking every bit.
 - `apply_token_bitmask_triton`: the CUDA kernel (writes -inf where a bit is clear, never reads logits).
@@ -136,9 +137,11 @@ def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[torch
         apply_token_bitmask_reference(logits, bitmask, rows, vocab_size)  # rare layouts: the simple path
         return
     bitmask = bitmask.cpu()
-    if first is not None:  # masked rows form one block: work on a view
-        block = logits[first:first + n_rows]
-        _mask_block(block, bitmask[first:first + n_rows], limit, mask_words)
+    if first is not None:  # masked rows form one block: work on a view (slices cost ~2 us each)
+        whole = first == 0 and n_rows == logits.shape[0]
+        block = logits if whole else logits[first:first + n_rows]
+        _mask_block(block, bitmask if whole and n_rows == bitmask.shape[0] else bitmask[first:first + n_rows],
+                    limit, mask_words)
     else:  # scattered rows: gather them, mask, put them back
         index = torch.tensor(row_list)
         block = logits.index_select(0, index)
@@ -161,7 +164,8 @@ def _mask_block(block: torch.Tensor, words: torch.Tensor, limit: int, mask_words
     n_rows = block.shape[0]
     full = limit // 32  # words whose 32 tokens are all below the limit
     if full:
-        mask_words(block[:, :full * 32].view(n_rows, full, 32), words[:, :full])
+        main = block if full * 32 == block.shape[1] else block[:, :full * 32]
+        mask_words(main.view(n_rows, full, 32), words if full == words.shape[1] else words[:, :full])
     tail = block.shape[1] - full * 32
     if tail:  # the last, partly covered word and anything beyond the limit
         cols = torch.arange(full * 32, block.shape[1])
@@ -242,57 +246,80 @@ def _clear_bits(main: torch.Tensor, bits: np.ndarray, partial: np.ndarray, neg_i
 
 
 # ---- compiled (CPU) --------------------------------------------------------------------------
-def _mask_words_fused(main: torch.Tensor, words: torch.Tensor) -> None:
-    """Unpack and select in one expression: torch.compile turns it into a single vectorised loop
-    that reads each word once and each logit once (eager torch would materialise the bits).
-    main: [..., 32] logits, words: main.shape[:-1] int32."""
-    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
-    allowed = ((words.unsqueeze(-1) >> shifts) & 1) != 0
-    main.copy_(torch.where(allowed, main, _NEG_INF))
+def _as_int32(bits: int) -> int:
+    return bits - (1 << 32) if bits >= 1 << 31 else bits
 
 
-_compiled_masker: Optional[Callable] = None
-_compiled_once = False  # a call has succeeded: compiling works here
+# The kernel selects bits in int32 lanes (one fp32 token, or two 16-bit tokens, lowest first), so
+# a NaN logit stays NaN and no float compare runs. Per dtype: (tokens per lane, -inf filling a lane).
+_INT32_LANES = {torch.float32: (1, _as_int32(0xFF800000)), torch.bfloat16: (2, _as_int32(0xFF80FF80)),
+                torch.float16: (2, _as_int32(0xFC00FC00))}
+
+
+def _mask_words_fused(lanes: torch.Tensor, words: torch.Tensor, tokens_per_lane: int, neg_inf: int) -> None:
+    """lanes: [..., 32 / tokens_per_lane] int32 view of the logits, words: lanes.shape[:-1] int32.
+    Each token's bit is shifted into the sign bit, then spread over its token's bits by an
+    arithmetic shift. torch.compile turns this into one vectorised loop that reads each word and
+    each logit once."""
+    first = tokens_per_lane * torch.arange(32 // tokens_per_lane, dtype=torch.int32, device=words.device)
+    words = words.unsqueeze(-1)
+    keep = None
+    for t in range(tokens_per_lane):  # token t of each lane: its bits within the lane
+        spread = (words << (31 - t - first)) >> 31
+        if tokens_per_lane > 1:
+            spread = spread & _as_int32(0xFFFF << (16 * t))
+        keep = spread if keep is None else keep | spread
+    lanes.copy_((lanes & keep) | (~keep & neg_inf))
+
+
+_kernels: dict[torch.dtype, Callable[[torch.Tensor, torch.Tensor], None]] = {}
 _compile_failed = False
 
 
-def _masker() -> Callable:
-    global _compiled_masker
-    if _compiled_masker is None:
-        import torch._inductor.config as inductor_config
-        inductor_config.compile_threads = 1  # no pool of compile workers left running
-        _compiled_masker = torch.compile(_mask_words_fused, dynamic=False, fullgraph=True)
-    return _compiled_masker
+def _compile_kernel(dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """The fused kernel for flat [N, lanes] logits of this dtype, any N. Traced with a symbolic N
+    and handed to inductor directly: a call then costs ~6 us, against ~25 us through
+    torch.compile's frame evaluation and guards (as much as the kernel on a small batch)."""
+    import torch._inductor
+    import torch._inductor.config as inductor_config
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inductor_config.compile_threads = 1  # no pool of compile workers left running
+    tokens_per_lane, neg_inf = _INT32_LANES[dtype]
+
+    def kernel(lanes: torch.Tensor, words: torch.Tensor) -> None:
+        _mask_words_fused(lanes, words, tokens_per_lane, neg_inf)
+
+    examples = (torch.zeros(8, 32 // tokens_per_lane, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
+    graph = make_fx(kernel, tracing_mode="symbolic")(*examples)
+    symbolic_inputs = [node.meta["val"] for node in graph.graph.nodes if node.op == "placeholder"]
+    return torch._inductor.compile(graph, symbolic_inputs)
 
 
 def _mask_words_compiled(main: torch.Tensor, words: torch.Tensor) -> None:
-    global _compiled_once, _compile_failed
-    # flat when contiguous: the row count and vocab size are then one dimension (no recompiles)
-    flat_main, flat_words = (main.view(-1, 32), words.reshape(-1)) if main.is_contiguous() else (main, words)
-    # a size of 1 would be compiled apart, and so few words need no kernel
-    if _compile_failed or min(flat_words.shape) <= 1:
+    """The compiled kernel on contiguous blocks (whole rows of a vocabulary that is a multiple of
+    32); the eager path for other layouts, for a single word, and where compiling fails."""
+    global _compile_failed
+    if _compile_failed or main.dtype not in _INT32_LANES or words.numel() <= 1 or not main.is_contiguous():
         _mask_words_eager(main, words)
         return
-    try:
-        masker = _masker()
-        flat_words = flat_words.contiguous()
-        for dim in range(flat_words.dim()):
-            torch._dynamo.mark_dynamic(flat_main, dim)
-            torch._dynamo.mark_dynamic(flat_words, dim)
-        masker(flat_main, flat_words)
-        _compiled_once = True
-    except Exception as e:
-        if not _compiled_once:  # e.g. no C++ compiler: the eager path gives the same result, slower
+    kernel = _kernels.get(main.dtype)
+    if kernel is None:
+        try:
+            kernel = _kernels[main.dtype] = _compile_kernel(main.dtype)
+        except Exception as e:  # e.g. no C++ compiler: the eager path gives the same result, slower
             _compile_failed = True
             log.warning("compiling the token-bitmask kernel failed (%s); using the eager torch path",
                         str(e).splitlines()[0] if str(e) else type(e).__name__)
-        # else an unusual layout past dynamo's recompile limit: this call only goes eager
-        _mask_words_eager(main, words)
+            _mask_words_eager(main, words)
+            return
+    lanes = main.view(torch.int32)
+    kernel(lanes.view(-1, lanes.shape[-1]), words.reshape(-1))
 
 
 def warm_up_compiled_bitmask(vocab_size: int, dtype: torch.dtype = torch.float32) -> bool:
-    """Compile the CPU kernel now for logits of this width and dtype. Returns False when compiling
-    is unavailable (the eager path serves instead)."""
+    """Compile the CPU kernel now for logits of this dtype (one kernel serves every batch size and
+    width). Returns False when compiling is unavailable (the eager path serves instead)."""
     apply_token_bitmask_compiled(torch.zeros(2, vocab_size, dtype=dtype),
                                  torch.full((2, (vocab_size + 31) // 32), -1, dtype=torch.int32))
     return not _compile_failed

@@ -374,11 +374,19 @@ class Engine:
 
     @torch.inference_mode()
     def _step(self, batch: ScheduledBatch) -> None:
-        # On CUDA the forward only queues kernels: the grammar bitmask is filled on the CPU while
-        # they run, then copied and applied on the device; nothing before the sampler waits.
-        logits = self.runner.forward(batch)
         sampling = [it.req for it in batch.items if it.samples]
-        self.structured.apply(logits, sampling)
+        if self.device.type == "cuda":
+            # the forward only queues kernels: the grammar bitmask is filled on the CPU while they
+            # run, then copied and applied on the device; nothing before the sampler waits
+            logits = self.runner.forward(batch)
+            mask_rows = self.structured.fill(sampling)
+        else:
+            # the forward runs here and now, and streams the weights through every cache: filling
+            # before it, while the matchers' state is still cached from the last accept, takes
+            # half as long (0.22 vs 0.44 ms a step at 32 constrained rows)
+            mask_rows = self.structured.fill(sampling)
+            logits = self.runner.forward(batch)
+        self.structured.apply(logits, mask_rows)
         tokens, logprobs = self.sampler.sample(logits, sampling) if sampling else ([], [])
         self.steps += 1
         for item in batch.items:

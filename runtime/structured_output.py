@@ -91,23 +91,28 @@ class StructuredOutput:
         pending[:] = still
         return ready, failed
 
-    def apply(self, logits: torch.Tensor, reqs: Sequence[Request]) -> None:
-        """Mask the logits rows of the constrained requests among `reqs` (row i is reqs[i])."""
+    def fill(self, reqs: Sequence[Request]) -> list[int]:
+        """Fill the bitmask rows of the constrained requests among `reqs` (row i is reqs[i]);
+        returns those rows, for `apply`."""
         rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
+        if rows:
+            t0 = time.perf_counter()
+            self.backend.fill_bitmask([reqs[i].matcher for i in rows], self.bitmask, rows)
+            self.timings.fill_s += time.perf_counter() - t0
+        return rows
+
+    def apply(self, logits: torch.Tensor, rows: list[int]) -> None:
+        """Mask those logits rows with their filled bitmask rows, in one call."""
         if not rows:
             return
         t0 = time.perf_counter()
-        self.backend.fill_bitmask([reqs[i].matcher for i in rows], self.bitmask, rows)
-        t1 = time.perf_counter()
-        index = torch.tensor(rows, dtype=torch.long)
         bitmask = self.bitmask if logits.device.type == "cpu" else self.bitmask.to(logits.device, non_blocking=True)
-        apply_token_bitmask_(logits, bitmask, index.to(logits.device), vocab_size=self._vocab_size)
-        t2 = time.perf_counter()
+        index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        apply_token_bitmask_(logits, bitmask, index, vocab_size=self._vocab_size)
         tm = self.timings
+        tm.apply_s += time.perf_counter() - t0
         tm.steps += 1
         tm.rows += len(rows)
-        tm.fill_s += t1 - t0
-        tm.apply_s += t2 - t1
 
     def shutdown(self) -> None:
         if self.compiler is not None:

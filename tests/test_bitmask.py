@@ -38,7 +38,7 @@ def test_bit_j_of_word_w_allows_token_w_times_32_plus_j():
 
 @pytest.mark.parametrize("vocab", [1, 31, 32, 33, 1000, 4096])
 @pytest.mark.parametrize("density", [0.005, 0.5, 0.995])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_cpu_path_matches_reference(vocab, density, dtype, cpu_path):
     logits, bitmask = random_case(6, vocab, density, seed=vocab, dtype=dtype)
     expected, got = logits.clone(), logits.clone()
@@ -62,9 +62,10 @@ def test_cpu_path_matches_reference_on_grammar_like_rows(cpu_path):
     assert torch.equal(torch.isfinite(got), allowed)
 
 
+@pytest.mark.parametrize("vocab", [1000, 1024])  # rows not whole words apart, and flat rows
 @pytest.mark.parametrize("rows", [[1, 2, 3], [4, 0], [2], []])
-def test_only_listed_rows_are_masked(rows, cpu_path):
-    logits, bitmask = random_case(5, 1000, 0.3, seed=1)
+def test_only_listed_rows_are_masked(rows, vocab, cpu_path):
+    logits, bitmask = random_case(5, vocab, 0.3, seed=1)
     index = torch.tensor(rows, dtype=torch.long)
     expected, got = logits.clone(), logits.clone()
     apply_token_bitmask_reference(expected, bitmask, index)
@@ -118,15 +119,16 @@ def test_cpu_kernel_compiles_here():
     # the machine that runs the tests has a C++ compiler: the fast path must not silently fall back
     assert warm_up_compiled_bitmask(4096)
     assert not bitmask_module._compile_failed
+    assert torch.float32 in bitmask_module._kernels
 
 
 def test_compiled_path_falls_back_to_eager_when_compiling_fails(monkeypatch):
-    def broken(main, words):
+    def broken(dtype):
         raise RuntimeError("no C++ compiler")
-    monkeypatch.setattr(bitmask_module, "_compiled_masker", broken)
+    monkeypatch.setattr(bitmask_module, "_compile_kernel", broken)
+    monkeypatch.setattr(bitmask_module, "_kernels", {})  # as in a process that has compiled nothing
     monkeypatch.setattr(bitmask_module, "_compile_failed", False)
-    monkeypatch.setattr(bitmask_module, "_compiled_once", False)  # as in a process where it never worked
-    logits, bitmask = random_case(3, 1000, 0.3, seed=5)
+    logits, bitmask = random_case(3, 1024, 0.3, seed=5)
     expected, got = logits.clone(), logits.clone()
     apply_token_bitmask_reference(expected, bitmask)
     apply_token_bitmask_compiled(got, bitmask)
