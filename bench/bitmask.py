@@ -1,5 +1,5 @@
 """Bitmask apply time on CPU: 32 rows x 49,152 logits (the default model's vocab), per mask shape
-and dtype, for our CPU path (torch.compile'd: what the engine runs), our eager torch path (its
+and dtype, for our CPU path (compiled by inductor: what the engine runs), our eager torch path (its
 fallback), the unpack-and-masked_fill reference and xgrammar's own CPU apply.
 Prints a table (median of many runs, milliseconds); never asserts a time.
 
@@ -110,7 +110,7 @@ def main() -> None:
         masks["json-real"] = json_schema_masks(args.rows)
     for dtype in (torch.float32, torch.bfloat16):
         if not warm_up_compiled_bitmask(args.vocab, dtype):
-            sys.exit("torch.compile is unavailable here: the compiled column would time the eager fallback")
+            sys.exit("compiling is unavailable here: the compiled column would time the eager fallback")
     print(f"{args.rows} rows x {args.vocab} logits, torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread(s); median ms of {args.repeats} runs")
     print(f"{'mask':9} {'dtype':9} {'compiled':>9} {'eager':>7} {'reference':>10} {'xgrammar':>9}")
