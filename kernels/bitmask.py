@@ -2,8 +2,8 @@
 rows of a batch only.
 
 Bitmask layout (xgrammar's): int32 [rows, ceil(vocab / 32)]; bit j of word w set means token
-w * 32 + j is allowed. `rows` (a LongTensor, or None for rows 0..B-1) lists the logits rows to
-mask, and the same index picks the bitmask row: logits[r] is masked by bitmask[r] for r in rows.
+w * 32 + j is allowed. `rows` (a list of ints or a LongTensor, or None for rows 0..B-1) lists
+the logits rows to mask, and the same index picks the bitmask row: logits[r] is masked by bitmask[r] for r in rows.
 The engine keeps one bitmask of max_running rows and fills the rows of its constrained requests.
 Columns that no bit covers (logits wider than 32 * words) and columns at or beyond `vocab_size`
 are disallowed for masked rows. Rows not listed are never written.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -41,7 +41,12 @@ _NEG_INF = float("-inf")
 log = logging.getLogger("radixserve.bitmask")
 
 
-def _check(logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[torch.Tensor]) -> int:
+# Rows to mask: a list (what the engine passes on the CPU: no tensor to build and read back), an
+# index tensor, or None for all rows.
+Rows = Optional[Union[Sequence[int], torch.Tensor]]
+
+
+def _check(logits: torch.Tensor, bitmask: torch.Tensor, rows: Rows) -> int:
     """Validate shapes; returns the number of masked rows."""
     if logits.dim() != 2 or bitmask.dim() != 2:
         raise ValueError("logits must be [B, V] and bitmask [rows, words]")
@@ -51,9 +56,13 @@ def _check(logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[torch.Ten
         if bitmask.shape[0] < logits.shape[0]:
             raise ValueError(f"bitmask has {bitmask.shape[0]} rows for {logits.shape[0]} logits rows")
         return logits.shape[0]
-    if rows.dim() != 1:
+    if isinstance(rows, torch.Tensor) and rows.dim() != 1:
         raise ValueError("rows must be a 1-D index tensor")
-    return rows.numel()
+    return len(rows)
+
+
+def _row_list(rows: Rows) -> Optional[list[int]]:
+    return None if rows is None else rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
 
 
 def _limit(logits: torch.Tensor, bitmask: torch.Tensor, vocab_size: Optional[int]) -> int:
@@ -73,12 +82,12 @@ def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
 
 # ---- reference -------------------------------------------------------------------------------
 def apply_token_bitmask_reference(logits: torch.Tensor, bitmask: torch.Tensor,
-                                  rows: Optional[torch.Tensor] = None,
+                                  rows: Rows = None,
                                   vocab_size: Optional[int] = None) -> None:
     """Unpack every bit and masked_fill each listed row (simple and slow)."""
     _check(logits, bitmask, rows)
     limit = _limit(logits, bitmask, vocab_size)
-    row_list = range(logits.shape[0]) if rows is None else rows.tolist()
+    row_list = range(logits.shape[0]) if rows is None else _row_list(rows)
     shifts = _SHIFTS.to(bitmask.device)
     for r in row_list:
         bits = ((bitmask[r].unsqueeze(-1) >> shifts) & 1).bool().reshape(-1)
@@ -109,20 +118,20 @@ WordMasker = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor,
-                              rows: Optional[torch.Tensor] = None,
+                              rows: Rows = None,
                               vocab_size: Optional[int] = None) -> None:
     """Eager CPU path (other devices fall back to the reference); see `_mask_words_eager`."""
     _apply_cpu(logits, bitmask, rows, vocab_size, _mask_words_eager)
 
 
 def apply_token_bitmask_compiled(logits: torch.Tensor, bitmask: torch.Tensor,
-                                 rows: Optional[torch.Tensor] = None,
+                                 rows: Rows = None,
                                  vocab_size: Optional[int] = None) -> None:
     """CPU path fused by torch.compile (the eager path where compiling is unavailable)."""
     _apply_cpu(logits, bitmask, rows, vocab_size, _mask_words_compiled)
 
 
-def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[torch.Tensor],
+def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: Rows,
                vocab_size: Optional[int], mask_words: WordMasker) -> None:
     """Fastest when the masked rows are one block (rows None or consecutive): the words are masked
     on a view. Scattered rows are gathered, masked and written back."""
@@ -130,7 +139,7 @@ def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[torch
     if n_rows == 0:
         return
     limit = _limit(logits, bitmask, vocab_size)
-    row_list = None if rows is None else rows.tolist()  # one op: small tensor ops cost ~10 us each here
+    row_list = _row_list(rows)  # a tensor is read once: small tensor ops cost ~10 us each here
     first = _contiguous_range_start(row_list)
     repeated_rows = first is None and len(set(row_list)) != len(row_list)
     if not _BYTE_ORDER_OK or logits.device.type != "cpu" or logits.stride(1) != 1 or repeated_rows:
@@ -348,7 +357,7 @@ if triton is not None:
 
 
 def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor,
-                               rows: Optional[torch.Tensor] = None,
+                               rows: Rows = None,
                                vocab_size: Optional[int] = None, block: int = 2048) -> None:
     """Triton kernel. `bitmask` must already be on the logits' device (copy the filled rows over
     with non_blocking=True from pinned memory)."""
@@ -361,7 +370,7 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor,
         raise ValueError("logits and bitmask need unit column stride")
     limit = _limit(logits, bitmask, vocab_size)
     # without rows the kernel never reads rows_ptr; any tensor will do
-    rows_arg = rows.to(device=logits.device, dtype=torch.int64) if rows is not None else bitmask
+    rows_arg = torch.as_tensor(rows, dtype=torch.int64, device=logits.device) if rows is not None else bitmask
     grid = (n_rows, triton.cdiv(logits.shape[1], block))
     _apply_bitmask_kernel[grid](logits, bitmask, rows_arg, logits.stride(0), bitmask.stride(0),
                                 logits.shape[1], limit, HAS_ROWS=rows is not None, BLOCK=block)
@@ -369,7 +378,7 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor,
 
 # ---- dispatch --------------------------------------------------------------------------------
 def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
-                         rows: Optional[torch.Tensor] = None, vocab_size: Optional[int] = None) -> None:
+                         rows: Rows = None, vocab_size: Optional[int] = None) -> None:
     """Set logits[r, t] = -inf for every r in `rows` (all rows when None) and every token t that
     bitmask[r] does not allow (or t >= vocab_size). In place; other rows are not touched."""
     if logits.device.type == "cuda" and triton is not None:

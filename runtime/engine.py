@@ -374,6 +374,10 @@ class Engine:
 
     @torch.inference_mode()
     def _step(self, batch: ScheduledBatch) -> None:
+        # Constrained rows last among decodes and first among extends (stable sorts): their logits
+        # rows are then one block, which the bitmask is applied to in place, not gathered.
+        batch.decodes.sort(key=lambda it: it.req.matcher is not None)
+        batch.extends.sort(key=lambda it: it.req.matcher is None)
         sampling = [it.req for it in batch.items if it.samples]
         if self.device.type == "cuda":
             # the forward only queues kernels: the grammar bitmask is filled on the CPU while they

@@ -106,9 +106,7 @@ class StructuredOutput:
         if not rows:
             return
         t0 = time.perf_counter()
-        bitmask = self.bitmask if logits.device.type == "cpu" else self.bitmask.to(logits.device, non_blocking=True)
-        index = torch.tensor(rows, dtype=torch.long, device=logits.device)
-        apply_token_bitmask_(logits, bitmask, index, vocab_size=self._vocab_size)
+        apply_token_bitmask_(logits, self.bitmask, rows, vocab_size=self._vocab_size)
         tm = self.timings
         tm.apply_s += time.perf_counter() - t0
         tm.steps += 1

@@ -62,13 +62,14 @@ def test_cpu_path_matches_reference_on_grammar_like_rows(cpu_path):
     assert torch.equal(torch.isfinite(got), allowed)
 
 
+@pytest.mark.parametrize("as_tensor", [True, False], ids=["index-tensor", "list"])
 @pytest.mark.parametrize("vocab", [1000, 1024])  # rows not whole words apart, and flat rows
 @pytest.mark.parametrize("rows", [[1, 2, 3], [4, 0], [2], []])
-def test_only_listed_rows_are_masked(rows, vocab, cpu_path):
+def test_only_listed_rows_are_masked(rows, vocab, as_tensor, cpu_path):
     logits, bitmask = random_case(5, vocab, 0.3, seed=1)
-    index = torch.tensor(rows, dtype=torch.long)
+    index = torch.tensor(rows, dtype=torch.long) if as_tensor else rows
     expected, got = logits.clone(), logits.clone()
-    apply_token_bitmask_reference(expected, bitmask, index)
+    apply_token_bitmask_reference(expected, bitmask, torch.tensor(rows, dtype=torch.long))
     cpu_path(got, bitmask, index)
     assert torch.equal(expected, got)
     untouched = [r for r in range(5) if r not in rows]

@@ -25,7 +25,7 @@ def main() -> int:
                 bitmask = pack_bitmask(torch.rand(4, words * 32, generator=gen) < density)
                 for dtype in (torch.float32, torch.bfloat16):
                     logits = torch.randn(4, vocab, generator=gen).to(dtype)
-                    for rows in (None, torch.tensor([2, 0])):
+                    for rows in (None, torch.tensor([2, 0]), [1, 3]):
                         for vocab_size in (None, max(1, vocab - 2)):
                             expected, got = logits.clone(), logits.clone()
                             apply_token_bitmask_reference(expected, bitmask, rows, vocab_size)
