@@ -165,6 +165,32 @@ def test_constrained_neighbours_leave_unconstrained_outputs_unchanged(make_engin
     assert re.fullmatch(r"age=[0-9][0-9]?;", mixed[14].text)
 
 
+def test_constrained_rows_of_a_mixed_batch_are_masked_as_one_block(make_engine, default_tokenizer):
+    # the engine orders rows so that the mask is applied to one block of logits rows, not gathered
+    engine = make_engine()
+    applied: list[tuple[int, list[int]]] = []
+    real_apply = engine.structured.apply
+
+    def recording_apply(logits, rows):
+        applied.append((logits.shape[0], list(rows)))
+        real_apply(logits, rows)
+
+    engine.structured.apply = recording_apply
+    prompt = default_tokenizer.apply_chat_template([{"role": "user", "content": "Name a colour."}])
+    constrained = SamplingParams(max_tokens=24, temperature=0.0, constraint=GrammarSpec.regex(r"[a-z]{30,40}"))
+    free = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    streams = []
+    for i in range(6):  # each joins once the one before has a token: free and constrained alternate
+        streams.append(engine.submit(prompt, constrained if i % 2 else free))
+        next(iter(streams[-1]))
+    for stream in streams:
+        stream.wait_finished()
+    mixed = [(n, rows) for n, rows in applied if 0 < len(rows) < n]
+    assert any(n >= 4 for n, _ in mixed), "no step had several constrained and free rows together"
+    for _, rows in mixed:
+        assert rows == list(range(rows[0], rows[0] + len(rows)))
+
+
 def test_hitting_max_tokens_reports_length_without_closing_the_json(make_engine, chat_prompt):
     engine = make_engine()
     schema = {"type": "object", "required": ["story"], "additionalProperties": False,
