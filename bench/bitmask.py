@@ -1,7 +1,8 @@
 """Bitmask apply time on CPU: 32 rows x 49,152 logits (the default model's vocab), per mask shape
 and dtype, for our CPU path (compiled by inductor: what the engine runs), our eager torch path (its
 fallback), the unpack-and-masked_fill reference and xgrammar's own CPU apply.
-Prints a table (median of many runs, milliseconds); never asserts a time.
+Prints a table (milliseconds: the median of --runs whole-table runs, each cell of a run the median
+of --repeats calls); never asserts a time.
 
 Mask shapes: "sparse" rows allow a handful of tokens (a JSON key or a number); "dense" rows allow
 all but ~400 scattered tokens (inside a JSON string); "grammar" mixes both; "random" sets each bit
@@ -10,7 +11,7 @@ default model's tokenizer while 32 matchers walk valid documents of bench/struct
 schemas (a batch per step, rows at different positions): what the engine applies in that
 benchmark; its figure is the median over those batches.
 
-    .venv/bin/python bench/bitmask.py [--rows 32] [--vocab 49152] [--threads 1] [--json PATH]
+    .venv/bin/python bench/bitmask.py [--rows 32] [--vocab 49152] [--threads 1] [--runs 5] [--json PATH]
 """
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ def json_schema_masks(rows: int, steps: int = 32) -> list[torch.Tensor]:
 def median_ms(fn, masks: list[torch.Tensor], base: torch.Tensor, repeats: int) -> float:
     """Median time of fn(logits, mask) on a fresh copy of `base`, cycling through `masks`."""
     logits = base.clone()
-    for mask in masks[:5]:
-        fn(logits, mask)
+    for i in range(50):  # the first calls after a switch of function or tensors run slow
+        fn(logits, masks[i % len(masks)])
     times = []
     for i in range(repeats):
         logits.copy_(base)
@@ -93,7 +94,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
-    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=200, help="calls timed per cell and run")
+    parser.add_argument("--runs", type=int, default=5, help="whole tables measured; each cell reports their median")
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
     if args.threads:
@@ -112,26 +114,45 @@ def main() -> None:
         if not warm_up_compiled_bitmask(args.vocab, dtype):
             sys.exit("compiling is unavailable here: the compiled column would time the eager fallback")
     print(f"{args.rows} rows x {args.vocab} logits, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread(s); median ms of {args.repeats} runs")
-    print(f"{'mask':9} {'dtype':9} {'compiled':>9} {'eager':>7} {'reference':>10} {'xgrammar':>9}")
-    report = {"rows": args.rows, "vocab": args.vocab, "threads": torch.get_num_threads(),
-              "torch": torch.__version__, "median_ms": []}
-    for dtype in (torch.float32, torch.bfloat16):
-        base = torch.randn(args.rows, args.vocab, generator=gen).to(dtype)
-        for name, mask_set in masks.items():
-            ours = median_ms(apply_token_bitmask_compiled, mask_set, base, args.repeats)
-            eager = median_ms(apply_token_bitmask_torch, mask_set, base, args.repeats)
-            ref = median_ms(apply_token_bitmask_reference, mask_set, base, max(10, args.repeats // 20))
-            theirs = median_ms(xgr_apply, mask_set, base, max(10, args.repeats // 5)) if xgr_apply else float("nan")
-            dtype_name = str(dtype).removeprefix("torch.")
-            print(f"{name:9} {dtype_name:9} {ours:9.3f} {eager:7.3f} {ref:10.3f} {theirs:9.3f}")
-            report["median_ms"].append({"mask": name, "dtype": dtype_name, "compiled": round(ours, 4),
-                                        "eager": round(eager, 4), "reference": round(ref, 4),
-                                        "xgrammar": round(theirs, 4)})
+          f"{torch.get_num_threads()} thread(s); median ms of {args.repeats} calls, "
+          f"then the median of {args.runs} runs (their range in brackets)")
+    columns = {"compiled": (apply_token_bitmask_compiled, args.repeats),
+               "eager": (apply_token_bitmask_torch, args.repeats),
+               "reference": (apply_token_bitmask_reference, max(10, args.repeats // 20)),
+               "xgrammar": (xgr_apply, max(10, args.repeats // 5))}
+    bases = {dtype: torch.randn(args.rows, args.vocab, generator=gen).to(dtype)
+             for dtype in (torch.float32, torch.bfloat16)}
+    # whole tables, one after another: this machine has slow spells of a few seconds, and they
+    # should hit one run of every cell rather than all runs of a few cells
+    runs: dict[tuple[str, torch.dtype, str], list[float]] = {}
+    for _ in range(args.runs):
+        for dtype, base in bases.items():
+            for name, mask_set in masks.items():
+                for column, (fn, repeats) in columns.items():
+                    ms = median_ms(fn, mask_set, base, repeats) if fn else float("nan")
+                    runs.setdefault((name, dtype, column), []).append(ms)
+        fill = median_ms(lambda x, _: x.fill_(float("-inf")), [None], bases[torch.float32], args.repeats)
+        runs.setdefault(("fill", torch.float32, "floor"), []).append(fill)
+
+    def cell(key: tuple) -> tuple[float, float, float]:
+        values = sorted(runs[key])
+        return values[len(values) // 2], values[0], values[-1]
+
+    print(f"{'mask':9} {'dtype':9} " + " ".join(f"{c:>22}" for c in columns))
+    report = {"rows": args.rows, "vocab": args.vocab, "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "runs": args.runs, "repeats": args.repeats, "median_ms": []}
+    for dtype in bases:
+        dtype_name = str(dtype).removeprefix("torch.")
+        for name in masks:
+            cells = {column: cell((name, dtype, column)) for column in columns}
+            print(f"{name:9} {dtype_name:9} " + " ".join(
+                f"{f'{m:.3f} [{lo:.3f}-{hi:.3f}]':>22}" for m, lo, hi in cells.values()))
+            report["median_ms"].append({"mask": name, "dtype": dtype_name,
+                                        **{c: round(m, 4) for c, (m, _, _) in cells.items()},
+                                        "compiled_runs": [round(v, 4) for v in runs[(name, dtype, "compiled")]]})
     # what one full write of the logits costs: the floor for any in-place mask of sparse rows
-    base = torch.randn(args.rows, args.vocab, generator=gen)
-    fill = median_ms(lambda x, _: x.fill_(float("-inf")), [None], base, args.repeats)
-    print(f"floor: logits.fill_(-inf) on the same tensor (fp32): {fill:.3f} ms")
+    fill, lo, hi = cell(("fill", torch.float32, "floor"))
+    print(f"floor: logits.fill_(-inf) on the same tensor (fp32): {fill:.3f} [{lo:.3f}-{hi:.3f}] ms")
     report["fill_floor_ms"] = round(fill, 4)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
