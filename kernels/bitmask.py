@@ -3,8 +3,9 @@ rows of a batch only.
 
 Bitmask layout (xgrammar's): int32 [rows, ceil(vocab / 32)]; bit j of word w set means token
 w * 32 + j is allowed. `rows` (a list of ints or a LongTensor, or None for rows 0..B-1) lists
-the logits rows to mask, and the same index picks the bitmask row: logits[r] is masked by bitmask[r] for r in rows.
-The engine keeps one bitmask of max_running rows and fills the rows of its constrained requests.
+the logits rows to mask, and the same index picks the bitmask row: logits[r] is masked by
+bitmask[r] for r in rows. The engine keeps one bitmask of max_running rows and fills the rows
+of its constrained requests.
 Columns that no bit covers (logits wider than 32 * words) and columns at or beyond `vocab_size`
 are disallowed for masked rows. Rows not listed are never written.
 
@@ -12,7 +13,7 @@ Four implementations, all with that contract:
 - `apply_token_bitmask_reference`: obvious torch (unpack bits, masked_fill). Tests compare to it.
 - `apply_token_bitmask_compiled`: the CPU path: the unpack-and-select written in torch on int32
   views of the logits and compiled by inductor into one pass over the masked rows (about 3-6x
-  faster than the eager path here). The first call in a process compiles it (~4 s; longer while
+  faster than the eager path here). The first call in a process compiles it (~5 s; ~12 s while
   inductor's disk cache is cold), so the engine calls `warm_up_compiled_bitmask` at start-up.
   Without a working compiler, and for logits rows that are not whole words apart (a vocabulary
   that is not a multiple of 32), it falls back to:
@@ -127,7 +128,7 @@ def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor,
 def apply_token_bitmask_compiled(logits: torch.Tensor, bitmask: torch.Tensor,
                                  rows: Rows = None,
                                  vocab_size: Optional[int] = None) -> None:
-    """CPU path fused by torch.compile (the eager path where compiling is unavailable)."""
+    """CPU path compiled by inductor (the eager path where compiling is unavailable)."""
     _apply_cpu(logits, bitmask, rows, vocab_size, _mask_words_compiled)
 
 
@@ -268,8 +269,8 @@ _INT32_LANES = {torch.float32: (1, _as_int32(0xFF800000)), torch.bfloat16: (2, _
 def _mask_words_fused(lanes: torch.Tensor, words: torch.Tensor, tokens_per_lane: int, neg_inf: int) -> None:
     """lanes: [..., 32 / tokens_per_lane] int32 view of the logits, words: lanes.shape[:-1] int32.
     Each token's bit is shifted into the sign bit, then spread over its token's bits by an
-    arithmetic shift. torch.compile turns this into one vectorised loop that reads each word and
-    each logit once."""
+    arithmetic shift. Inductor turns this into one vectorised loop that reads each word and each
+    logit once."""
     first = tokens_per_lane * torch.arange(32 // tokens_per_lane, dtype=torch.int32, device=words.device)
     words = words.unsqueeze(-1)
     keep = None

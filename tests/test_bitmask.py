@@ -1,5 +1,5 @@
-"""Token-bitmask apply: both CPU paths (eager torch, torch.compile'd) and the Triton kernel against
-the reference."""
+"""Token-bitmask apply: both CPU paths (eager torch, compiled by inductor) and the Triton kernel
+against the reference."""
 from __future__ import annotations
 
 import pytest
