@@ -5,7 +5,7 @@ Caches are [pages, page_size, kv_heads, dim]; slot s is (page s // page_size, of
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -60,22 +60,24 @@ class SharedPrefixes:
     outside: Optional[torch.Tensor]  # [B, 1, 1] True for rows without a shared prefix; None if none
     # layer -> the prefixes' K and V [G, kv_heads, S, dim], gathered on first use. The caller may
     # hand the same dict to the next step's SharedPrefixes when its prefixes are the same pages.
-    layer_kv: dict = field(default_factory=dict)
+    # None: nothing is kept, each layer gathers its own (prefixes too large to hold for all layers).
+    layer_kv: Optional[dict] = None
 
     def gathered(self, layer: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The prefixes' K and V in `layer`, whose caches are k_cache / v_cache."""
-        kv = self.layer_kv.get(layer)
+        kv = None if self.layer_kv is None else self.layer_kv.get(layer)
         if kv is None:
             shape = (*self.kv_rows.shape, k_cache.shape[-1])
-            kv = self.layer_kv[layer] = (_gather_rows(k_cache, self.kv_rows).view(shape),
-                                         _gather_rows(v_cache, self.kv_rows).view(shape))
+            kv = (_gather_rows(k_cache, self.kv_rows).view(shape), _gather_rows(v_cache, self.kv_rows).view(shape))
+            if self.layer_kv is not None:
+                self.layer_kv[layer] = kv
         return kv
 
     @classmethod
     def of_groups(cls, kv_rows: torch.Tensor, bias: torch.Tensor, groups: list[list[int]], num_rows: int,
                   query_group: int, layer_kv: Optional[dict] = None) -> "SharedPrefixes":
         """Prefixes `kv_rows` / `bias` shared by the decode rows listed in `groups` (one list per
-        prefix) out of `num_rows`; `query_group` query heads per KV head."""
+        prefix) out of `num_rows`; `query_group` query heads per KV head; `layer_kv` as the field."""
         dev, kv_heads, size = kv_rows.device, kv_rows.shape[1], max(map(len, groups))
         group_of_row, member_of_row, in_group = [0] * num_rows, [0] * num_rows, [False] * num_rows
         for g, members in enumerate(groups):
@@ -91,7 +93,7 @@ class SharedPrefixes:
                    members=torch.tensor([ms + ms[:1] * (size - len(ms)) for ms in groups], device=dev),
                    result_rows=result_rows.to(dev),
                    outside=None if all(in_group) else ~torch.tensor(in_group, device=dev).view(-1, 1, 1),
-                   layer_kv={} if layer_kv is None else layer_kv)
+                   layer_kv=layer_kv)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -211,10 +211,12 @@ class ModelRunner:
         # so none was freed and rewritten in between. Any step without prefixes drops them.
         key = tuple(tuple(reqs[members[0]].pages[:n]) for members, n in groups)
         kept = self._kept_prefixes
-        layer_kv = kept[1] if kept is not None and kept[0] == key else {}
         cfg = self.model.cfg
         size = 2 * cfg.num_layers * kv_rows.numel() * cfg.head_dim * self.model.dtype.itemsize
-        self._kept_prefixes = (key, layer_kv) if size <= MAX_KEPT_PREFIX_BYTES else None
+        layer_kv = None  # too large to hold for every layer: each layer gathers and drops its own
+        if size <= MAX_KEPT_PREFIX_BYTES:
+            layer_kv = kept[1] if kept is not None and kept[0] == key else {}
+        self._kept_prefixes = None if layer_kv is None else (key, layer_kv)
         return SharedPrefixes.of_groups(kv_rows, bias, [members for members, _ in groups], len(reqs),
                                         self.query_group, layer_kv=layer_kv)
 
