@@ -24,7 +24,7 @@ serve: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/radixserve serve --host 127.0.0.1 --port 8000
 
 test: setup
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/pytest
 
 # Every figure in README.md; about an hour on 2 cores. bench/compare.py includes llama.cpp once
 # `make bench-peers` has built it.

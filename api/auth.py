@@ -5,7 +5,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import APIError
+from radixserve.api.errors import APIError
 
 
 class BearerAuthMiddleware:

@@ -10,16 +10,16 @@ from typing import Any, AsyncIterator, Optional
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import responses
-from api.chat_prompt import render_chat_prompt
-from api.constraints import request_constraint
-from api.errors import APIError, internal_error
-from api.generation import Choice, Generation, until_disconnected
-from api.logprobs import chat_logprobs
-from api.protocol import ChatCompletionRequest
-from api.sampling import choice_seed, resolve_max_tokens, sampling_params
-from api.state import ServerState
-from api.tools import ToolCall, ToolCallParser, plan_tools
+from radixserve.api import responses
+from radixserve.api.chat_prompt import render_chat_prompt
+from radixserve.api.constraints import request_constraint
+from radixserve.api.errors import APIError, internal_error
+from radixserve.api.generation import Choice, Generation, until_disconnected
+from radixserve.api.logprobs import chat_logprobs
+from radixserve.api.protocol import ChatCompletionRequest
+from radixserve.api.sampling import choice_seed, resolve_max_tokens, sampling_params
+from radixserve.api.state import ServerState
+from radixserve.api.tools import ToolCall, ToolCallParser, plan_tools
 
 log = logging.getLogger("radixserve.api")
 

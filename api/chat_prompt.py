@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from api.errors import bad_request
-from api.protocol import ChatMessage
-from api.tools import TOOL_CALL_BEGIN, TOOL_CALL_END
-from runtime.tokenizer import Tokenizer, TokenizerError
+from radixserve.api.errors import bad_request
+from radixserve.api.protocol import ChatMessage
+from radixserve.api.tools import TOOL_CALL_BEGIN, TOOL_CALL_END
+from radixserve.runtime.tokenizer import Tokenizer, TokenizerError
 
 HERMES_TOOLS_PROMPT = (
     "You are a function calling AI model. You are provided with function signatures within <tools></tools> "

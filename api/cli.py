@@ -7,8 +7,8 @@ import sys
 import time
 from dataclasses import fields
 
-from api.serve import add_serve_args, cmd_serve
-from runtime.config import GRAMMAR_BACKENDS, SCHEDULE_POLICIES, EngineConfig
+from radixserve.api.serve import add_serve_args, cmd_serve
+from radixserve.runtime.config import GRAMMAR_BACKENDS, SCHEDULE_POLICIES, EngineConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from runtime.engine import Engine
-    from runtime.sampling_params import SamplingParams
+    from radixserve.runtime.engine import Engine
+    from radixserve.runtime.sampling_params import SamplingParams
 
     t0 = time.monotonic()
     engine = Engine(engine_config(args))
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    from runtime.models.loader import ModelLoadError
+    from radixserve.runtime.models.loader import ModelLoadError
 
     try:
         if args.command == "generate":

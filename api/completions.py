@@ -9,14 +9,14 @@ from typing import Any, AsyncIterator, Union
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api import responses
-from api.constraints import request_constraint
-from api.errors import APIError, bad_request, internal_error
-from api.generation import Choice, Generation, until_disconnected
-from api.logprobs import completion_logprobs
-from api.protocol import CompletionRequest
-from api.sampling import choice_seed, resolve_max_tokens, sampling_params
-from api.state import ServerState
+from radixserve.api import responses
+from radixserve.api.constraints import request_constraint
+from radixserve.api.errors import APIError, bad_request, internal_error
+from radixserve.api.generation import Choice, Generation, until_disconnected
+from radixserve.api.logprobs import completion_logprobs
+from radixserve.api.protocol import CompletionRequest
+from radixserve.api.sampling import choice_seed, resolve_max_tokens, sampling_params
+from radixserve.api.state import ServerState
 
 log = logging.getLogger("radixserve.api")
 

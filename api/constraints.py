@@ -9,9 +9,9 @@ import json
 from functools import partial
 from typing import Any, Callable, Optional
 
-from api.errors import bad_request
-from api.protocol import GenerationRequest
-from grammar.spec import GrammarError, GrammarSpec
+from radixserve.api.errors import bad_request
+from radixserve.api.protocol import GenerationRequest
+from radixserve.grammar.spec import GrammarError, GrammarSpec
 
 Builder = Callable[[], GrammarSpec]
 

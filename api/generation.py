@@ -13,13 +13,13 @@ from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from api.errors import APIError, bad_request, internal_error, overloaded
-from api.metrics import RequestTimer, ServerMetrics
-from api.streaming import sse_response
-from grammar.spec import GRAMMAR_KINDS, GrammarError
-from runtime.engine import Engine, EngineOverloadedError
-from runtime.request import OutputStream, RequestOutput, TokenLogprob
-from runtime.sampling_params import SamplingParams
+from radixserve.api.errors import APIError, bad_request, internal_error, overloaded
+from radixserve.api.metrics import RequestTimer, ServerMetrics
+from radixserve.api.streaming import sse_response
+from radixserve.grammar.spec import GRAMMAR_KINDS, GrammarError
+from radixserve.runtime.engine import Engine, EngineOverloadedError
+from radixserve.runtime.request import OutputStream, RequestOutput, TokenLogprob
+from radixserve.runtime.sampling_params import SamplingParams
 
 log = logging.getLogger("radixserve.api")
 

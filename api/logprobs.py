@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional
 
-from runtime.request import TokenLogprob
-from runtime.tokenizer import Tokenizer
+from radixserve.runtime.request import TokenLogprob
+from radixserve.runtime.tokenizer import Tokenizer
 
 
 @functools.lru_cache(maxsize=1)

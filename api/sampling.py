@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Optional
 
-from api.errors import bad_request
-from api.protocol import GenerationRequest
-from grammar.spec import GrammarSpec
-from runtime.engine import Engine
-from runtime.sampling_params import SamplingParams
+from radixserve.api.errors import bad_request
+from radixserve.api.protocol import GenerationRequest
+from radixserve.grammar.spec import GrammarSpec
+from radixserve.runtime.engine import Engine
+from radixserve.runtime.sampling_params import SamplingParams
 
 _SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
 

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable
 
-from runtime.config import EngineConfig
+from radixserve.runtime.config import EngineConfig
 
 log = logging.getLogger("radixserve")
 
@@ -28,8 +28,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespace], EngineConfig]) -> int:
     import uvicorn
 
-    from api.server import attach_engine, build_app
-    from runtime.engine import Engine
+    from radixserve.api.server import attach_engine, build_app
+    from radixserve.runtime.engine import Engine
 
     config = make_config(args)
     config.validate()  # bad flags fail before anything listens

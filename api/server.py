@@ -11,16 +11,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from api import responses
-from api.auth import BearerAuthMiddleware
-from api.chat import create_chat_completion
-from api.chat_prompt import render_chat_prompt
-from api.completions import create_completion
-from api.errors import bad_request, install_error_handlers, loading
-from api.generation import ClientDisconnected
-from api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from api.state import ServerState
-from runtime.engine import Engine
+from radixserve.api import responses
+from radixserve.api.auth import BearerAuthMiddleware
+from radixserve.api.chat import create_chat_completion
+from radixserve.api.chat_prompt import render_chat_prompt
+from radixserve.api.completions import create_completion
+from radixserve.api.errors import bad_request, install_error_handlers, loading
+from radixserve.api.generation import ClientDisconnected
+from radixserve.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from radixserve.api.state import ServerState
+from radixserve.runtime.engine import Engine
 
 # nginx's "client closed request": nobody reads it, it only shows in the access log.
 CLIENT_CLOSED_REQUEST = 499

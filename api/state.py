@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from api.errors import APIError, loading
-from api.logprobs import TokenTexts
-from api.metrics import ServerMetrics
-from runtime.engine import Engine
+from radixserve.api.errors import APIError, loading
+from radixserve.api.logprobs import TokenTexts
+from radixserve.api.metrics import ServerMetrics
+from radixserve.runtime.engine import Engine
 
 
 class ServerState:

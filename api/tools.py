@@ -16,9 +16,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-from api.errors import bad_request
-from api.protocol import ChatCompletionRequest, ToolDefinition
-from grammar.spec import GrammarSpec
+from radixserve.api.errors import bad_request
+from radixserve.api.protocol import ChatCompletionRequest, ToolDefinition
+from radixserve.grammar.spec import GrammarSpec
 
 log = logging.getLogger("radixserve.api")
 

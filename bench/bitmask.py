@@ -21,12 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/structured.py's schemas
 
 import torch  # noqa: E402
 
-from kernels.bitmask import (apply_token_bitmask_compiled, apply_token_bitmask_reference,  # noqa: E402
+from radixserve.kernels.bitmask import (apply_token_bitmask_compiled, apply_token_bitmask_reference,  # noqa: E402
                              apply_token_bitmask_torch, pack_bitmask, warm_up_compiled_bitmask)
 
 
@@ -46,8 +45,8 @@ def make_masks(rows: int, vocab: int, gen: torch.Generator) -> dict[str, torch.T
 def json_schema_masks(rows: int, steps: int = 32) -> list[torch.Tensor]:
     """Bitmasks of `rows` xgrammar matchers walking valid documents of bench/structured.py's
     schemas (row i: schema i % 8, starting i tokens into its document), one batch per step."""
-    from grammar import GrammarSpec, make_grammar_backend
-    from runtime.models.loader import load_model_files
+    from radixserve.grammar import GrammarSpec, make_grammar_backend
+    from radixserve.runtime.models.loader import load_model_files
     from structured import make_schemas
 
     files = load_model_files(None)

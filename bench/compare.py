@@ -228,7 +228,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="keep the other systems' results already in --out (rerun some systems only)")
     args = p.parse_args(argv)
 
-    from runtime.models.loader import default_model_path
+    from radixserve.runtime.models.loader import default_model_path
     model = args.model or str(default_model_path())
     available = systems(sys.executable)
     if args.systems is None:

@@ -15,17 +15,15 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from runtime.models.llama import LlamaForCausalLM  # noqa: E402
-from runtime.models.loader import load_model_files  # noqa: E402
+from radixserve.runtime.models.llama import LlamaForCausalLM  # noqa: E402
+from radixserve.runtime.models.loader import load_model_files  # noqa: E402
 
 CONTEXT = 300
 BATCHES = (1, 8, 32)

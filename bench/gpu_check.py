@@ -27,19 +27,18 @@ from pathlib import Path
 SMOKE = "--cpu-smoke" in sys.argv
 if SMOKE:  # triton reads it when kernels are decorated, i.e. at import
     os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kernels import triton_attention as ta  # noqa: E402
-from kernels.paged_attention import attention_bias, decode_attention, decode_kv_rows, extend_attention, write_kv  # noqa: E402
-from runtime.attention import TritonAttentionBackend  # noqa: E402
-from runtime.cuda_graph import DecodeGraphRunner  # noqa: E402
-from runtime.forward_batch import ExtendSegment, ForwardBatch  # noqa: E402
-from runtime.kv_cache import KVCache  # noqa: E402
-from runtime.models.config import ModelConfig  # noqa: E402
-from runtime.models.llama import LlamaForCausalLM  # noqa: E402
-from runtime.models.random_init import random_weights  # noqa: E402
+from radixserve.kernels import triton_attention as ta  # noqa: E402
+from radixserve.kernels.paged_attention import attention_bias, decode_attention, decode_kv_rows, extend_attention, write_kv  # noqa: E402
+from radixserve.runtime.attention import TritonAttentionBackend  # noqa: E402
+from radixserve.runtime.cuda_graph import DecodeGraphRunner  # noqa: E402
+from radixserve.runtime.forward_batch import ExtendSegment, ForwardBatch  # noqa: E402
+from radixserve.runtime.kv_cache import KVCache  # noqa: E402
+from radixserve.runtime.models.config import ModelConfig  # noqa: E402
+from radixserve.runtime.models.llama import LlamaForCausalLM  # noqa: E402
+from radixserve.runtime.models.random_init import random_weights  # noqa: E402
 
 # full run vs smoke run: every size the script uses
 FULL = dict(

@@ -13,19 +13,17 @@ import json
 import os
 import platform
 import random
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from runtime.config import EngineConfig  # noqa: E402
-from runtime.engine import Engine  # noqa: E402
-from runtime.models.loader import load_model_files  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
+from radixserve.runtime.config import EngineConfig  # noqa: E402
+from radixserve.runtime.engine import Engine  # noqa: E402
+from radixserve.runtime.models.loader import load_model_files  # noqa: E402
+from radixserve.runtime.sampling_params import SamplingParams  # noqa: E402
 
 N_PROMPTS, PROMPT_LEN, SHARED_LEN, NEW_TOKENS, STATIC_BATCH = 64, 200, 150, 128, 16
 

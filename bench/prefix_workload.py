@@ -19,18 +19,16 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from runtime.config import EngineConfig  # noqa: E402
-from runtime.engine import Engine  # noqa: E402
-from runtime.models.loader import load_model_files  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
+from radixserve.runtime.config import EngineConfig  # noqa: E402
+from radixserve.runtime.engine import Engine  # noqa: E402
+from radixserve.runtime.models.loader import load_model_files  # noqa: E402
+from radixserve.runtime.sampling_params import SamplingParams  # noqa: E402
 
 RUNS = {  # name -> EngineConfig overrides
     "lpm": dict(schedule_policy="lpm"),

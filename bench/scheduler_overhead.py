@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # schedule_sim: the scheduler over a fake model
 
-from runtime.schedule_policy import DFSWeightPolicy, LongestPrefixPolicy  # noqa: E402
-from tests.schedule_sim import SimEngine  # noqa: E402
+from radixserve.runtime.schedule_policy import DFSWeightPolicy, LongestPrefixPolicy  # noqa: E402
+from schedule_sim import SimEngine  # noqa: E402
 
 N_SYSTEM, SYSTEM_LEN, N_WAITING, BATCH = 4, 1000, 1000, 32
 

@@ -13,17 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grammar import GrammarCompiler, GrammarSpec, make_grammar_backend  # noqa: E402
-from runtime.config import EngineConfig  # noqa: E402
-from runtime.engine import Engine  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
+from radixserve.grammar import GrammarCompiler, GrammarSpec, make_grammar_backend  # noqa: E402
+from radixserve.runtime.config import EngineConfig  # noqa: E402
+from radixserve.runtime.engine import Engine  # noqa: E402
+from radixserve.runtime.sampling_params import SamplingParams  # noqa: E402
 
 N_REQUESTS, NEW_TOKENS = 32, 128
 

@@ -6,10 +6,10 @@ VocabInfo) does not load xgrammar or outlines-core.
 """
 from __future__ import annotations
 
-from grammar.backend import GrammarBackend, GrammarMatcher
-from grammar.compiler import CompileHandle, GrammarCompiler
-from grammar.spec import GRAMMAR_KINDS, GrammarError, GrammarSpec, StructuralTag, StructuralTagSpec
-from grammar.vocab import VocabInfo, VocabType
+from radixserve.grammar.backend import GrammarBackend, GrammarMatcher
+from radixserve.grammar.compiler import CompileHandle, GrammarCompiler
+from radixserve.grammar.spec import GRAMMAR_KINDS, GrammarError, GrammarSpec, StructuralTag, StructuralTagSpec
+from radixserve.grammar.vocab import VocabInfo, VocabType
 
 GRAMMAR_BACKENDS = ("xgrammar", "outlines-core")
 
@@ -17,10 +17,10 @@ GRAMMAR_BACKENDS = ("xgrammar", "outlines-core")
 def make_grammar_backend(name: str, vocab: VocabInfo) -> GrammarBackend:
     """The backend called `name` ("xgrammar" or "outlines-core") over `vocab`."""
     if name == "xgrammar":
-        from grammar.xgrammar_backend import XGrammarBackend
+        from radixserve.grammar.xgrammar_backend import XGrammarBackend
         return XGrammarBackend(vocab)
     if name == "outlines-core":
-        from grammar.outlines_backend import OutlinesCoreBackend
+        from radixserve.grammar.outlines_backend import OutlinesCoreBackend
         return OutlinesCoreBackend(vocab)
     raise ValueError(f"unknown grammar backend {name!r} (choose from: {', '.join(GRAMMAR_BACKENDS)})")
 

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from grammar.spec import GrammarError, GrammarSpec
-from grammar.vocab import VocabInfo
+from radixserve.grammar.spec import GrammarError, GrammarSpec
+from radixserve.grammar.vocab import VocabInfo
 
 
 class GrammarMatcher(abc.ABC):

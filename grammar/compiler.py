@@ -17,8 +17,8 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import Any
 
-from grammar.backend import GrammarBackend
-from grammar.spec import GrammarError, GrammarSpec
+from radixserve.grammar.backend import GrammarBackend
+from radixserve.grammar.spec import GrammarError, GrammarSpec
 
 
 class _DaemonPool:

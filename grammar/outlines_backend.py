@@ -8,11 +8,11 @@ from typing import Optional
 import outlines_core
 import torch
 
-from grammar.backend import GrammarBackend, GrammarMatcher, fill_stop_only
-from grammar.regex_check import check_regex, escape_literal, strip_anchors
-from grammar.schema_check import UNENFORCED_BY_ALL, SchemaSupport, check_json_schema
-from grammar.spec import GrammarError, GrammarSpec
-from grammar.vocab import VocabInfo
+from radixserve.grammar.backend import GrammarBackend, GrammarMatcher, fill_stop_only
+from radixserve.grammar.regex_check import check_regex, escape_literal, strip_anchors
+from radixserve.grammar.schema_check import UNENFORCED_BY_ALL, SchemaSupport, check_json_schema
+from radixserve.grammar.spec import GrammarError, GrammarSpec
+from radixserve.grammar.vocab import VocabInfo
 
 # Its schema-to-regex drops number bounds, multipleOf and the property-name rules (found by
 # matching violating strings against the regexes it builds); the formats below are the ones it

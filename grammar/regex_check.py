@@ -13,7 +13,7 @@ except ImportError:  # Python 3.10
     import sre_constants as _sre  # type: ignore[no-redef]
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
-from grammar.spec import GrammarError
+from radixserve.grammar.spec import GrammarError
 
 _INLINE_FLAGS = re.IGNORECASE | re.MULTILINE | re.DOTALL | re.VERBOSE | re.ASCII
 _AT_NAMES = {

@@ -9,8 +9,8 @@ from typing import Any, Iterator, Mapping, Optional
 from jsonschema import exceptions as jsonschema_errors
 from jsonschema import validators
 
-from grammar.regex_check import check_regex
-from grammar.spec import GrammarError
+from radixserve.grammar.regex_check import check_regex
+from radixserve.grammar.spec import GrammarError
 
 # Keywords that assert nothing: always fine, also next to "$ref".
 ANNOTATION_KEYWORDS = frozenset({

@@ -8,11 +8,11 @@ from typing import Any, Sequence
 import torch
 import xgrammar as xgr
 
-from grammar.backend import GrammarBackend, GrammarMatcher, check_bitmask, fill_stop_only
-from grammar.regex_check import check_regex, dot_excludes_newline, escape_literal
-from grammar.schema_check import UNENFORCED_BY_ALL, SchemaSupport, check_json_schema
-from grammar.spec import GRAMMAR_KINDS, GrammarError, GrammarSpec, StructuralTagSpec
-from grammar.vocab import VocabInfo
+from radixserve.grammar.backend import GrammarBackend, GrammarMatcher, check_bitmask, fill_stop_only
+from radixserve.grammar.regex_check import check_regex, dot_excludes_newline, escape_literal
+from radixserve.grammar.schema_check import UNENFORCED_BY_ALL, SchemaSupport, check_json_schema
+from radixserve.grammar.spec import GRAMMAR_KINDS, GrammarError, GrammarSpec, StructuralTagSpec
+from radixserve.grammar.vocab import VocabInfo
 
 # Found by compiling one schema per keyword and trying a violating and a valid string
 # (tests/test_grammar_backends.py keeps the rejected ones honest).

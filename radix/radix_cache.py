@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
-from radix.page_pool import KVPagePool
+from radixserve.radix.page_pool import KVPagePool
 
 
 @dataclass(eq=False)

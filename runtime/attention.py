@@ -6,11 +6,11 @@ from typing import Protocol
 
 import torch
 
-from kernels import triton_attention as ta
-from kernels.paged_attention import decode_attention, extend_attention, scored_extend_attention, write_kv
-from runtime.config import ATTENTION_BACKENDS
-from runtime.forward_batch import ForwardBatch
-from runtime.kv_cache import KVCache
+from radixserve.kernels import triton_attention as ta
+from radixserve.kernels.paged_attention import decode_attention, extend_attention, scored_extend_attention, write_kv
+from radixserve.runtime.config import ATTENTION_BACKENDS
+from radixserve.runtime.forward_batch import ForwardBatch
+from radixserve.runtime.kv_cache import KVCache
 
 
 class AttentionBackend(Protocol):

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from runtime.forward_batch import ForwardBatch
+from radixserve.runtime.forward_batch import ForwardBatch
 
 # static input rows: token id, position, output slot, page-table row, context length
 _IDS, _POS, _SLOT, _ROW, _LEN = range(5)

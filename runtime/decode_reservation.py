@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from runtime.request import Request
+from radixserve.runtime.request import Request
 
 # `max_tokens` is often just "up to the context": count at most this many future tokens per request
 CLIP_FUTURE_TOKENS = 4096

@@ -7,7 +7,7 @@ dropped) or stops matching.
 """
 from __future__ import annotations
 
-from runtime.tokenizer import Tokenizer
+from radixserve.runtime.tokenizer import Tokenizer
 
 _CONTEXT_TOKENS = 6  # prompt tokens kept as left context, so the first word keeps its leading space
 

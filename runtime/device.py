@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.config import EngineConfig
-from runtime.kv_cache import KVCache
-from runtime.models.config import ModelConfig
+from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.kv_cache import KVCache
+from radixserve.runtime.models.config import ModelConfig
 
 log = logging.getLogger("radixserve")
 

@@ -15,21 +15,21 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from radix import KVPagePool, RequestPageTable
-from runtime.attention import make_attention_backend
-from runtime.config import EngineConfig
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.device import retain_freed_memory, kv_cache_tokens, pick_device, pick_dtype
-from runtime.kv_cache import KVCache
-from runtime.kv_manager import KVManager
-from runtime.model_runner import ModelRunner
-from runtime.models.llama import LlamaForCausalLM
-from runtime.models.loader import ModelFiles, load_model_files
-from runtime.request import OutputStream, Request, RequestOutput, RequestStatus
-from runtime.sampler import Sampler
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import ScheduledBatch, Scheduler
-from runtime.structured_output import StructuredOutput
+from radixserve.radix import KVPagePool, RequestPageTable
+from radixserve.runtime.attention import make_attention_backend
+from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.detokenizer import IncrementalDetokenizer
+from radixserve.runtime.device import retain_freed_memory, kv_cache_tokens, pick_device, pick_dtype
+from radixserve.runtime.kv_cache import KVCache
+from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.model_runner import ModelRunner
+from radixserve.runtime.models.llama import LlamaForCausalLM
+from radixserve.runtime.models.loader import ModelFiles, load_model_files
+from radixserve.runtime.request import OutputStream, Request, RequestOutput, RequestStatus
+from radixserve.runtime.sampler import Sampler
+from radixserve.runtime.sampling_params import SamplingParams
+from radixserve.runtime.scheduler import ScheduledBatch, Scheduler
+from radixserve.runtime.structured_output import StructuredOutput
 
 log = logging.getLogger("radixserve.engine")
 

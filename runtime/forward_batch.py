@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from kernels.paged_attention import ExtendContext, SharedPrefixes
+from radixserve.kernels.paged_attention import ExtendContext, SharedPrefixes
 
 
 @dataclass

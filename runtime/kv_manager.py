@@ -5,9 +5,9 @@ so the accounting invariant (free + tree + held == total) has one owner.
 """
 from __future__ import annotations
 
-from radix import KVPagePool, RadixCache, RequestPageTable
-from radix.page_pool import OutOfPagesError
-from runtime.request import Request
+from radixserve.radix import KVPagePool, RadixCache, RequestPageTable
+from radixserve.radix.page_pool import OutOfPagesError
+from radixserve.runtime.request import Request
 
 
 class KVManager:

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.paged_attention import SharedPrefixes, attention_bias, decode_kv_rows, extend_context, value_bags
-from radix import RequestPageTable, common_prefix_len
-from runtime.attention import AttentionBackend
-from runtime.cuda_graph import DecodeGraphRunner
-from runtime.forward_batch import ExtendSegment, ForwardBatch, ScoredExtend
-from runtime.request import Request
-from runtime.scheduler import ScheduledBatch
+from radixserve.kernels.paged_attention import SharedPrefixes, attention_bias, decode_kv_rows, extend_context, value_bags
+from radixserve.radix import RequestPageTable, common_prefix_len
+from radixserve.runtime.attention import AttentionBackend
+from radixserve.runtime.cuda_graph import DecodeGraphRunner
+from radixserve.runtime.forward_batch import ExtendSegment, ForwardBatch, ScoredExtend
+from radixserve.runtime.request import Request
+from radixserve.runtime.scheduler import ScheduledBatch
 
 
 # Attending to shared prefixes costs ~35 more small ops per layer whatever the number of groups,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radix import RadixCache, common_prefix_len
-from runtime.request import Request
-from runtime.schedule_policy import cached_len
+from radixserve.radix import RadixCache, common_prefix_len
+from radixserve.runtime.request import Request
+from radixserve.runtime.schedule_policy import cached_len
 
 MIN_SHARED_TOKENS = 32   # a shorter shared part costs less to recompute than a step of waiting
 MAX_HOLD_STEPS = 16      # safety net: e.g. a leader starved of pages must not hold others forever

@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from runtime.sampling_params import SamplingParams
+from radixserve.runtime.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

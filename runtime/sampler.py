@@ -5,8 +5,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from kernels.sampling import argmax_rows
-from runtime.request import Request, TokenLogprob
+from radixserve.kernels.sampling import argmax_rows
+from radixserve.runtime.request import Request, TokenLogprob
 
 
 class Sampler:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from grammar.spec import GrammarSpec
+from radixserve.grammar.spec import GrammarSpec
 
 MAX_TOP_LOGPROBS = 20
 

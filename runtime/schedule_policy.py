@@ -10,8 +10,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence
 
-from radix import RadixCache, TreeNode
-from runtime.request import Request
+from radixserve.radix import RadixCache, TreeNode
+from radixserve.runtime.request import Request
 
 # Beyond this many waiting requests the cache-aware policies keep queue order (SGLang uses 128
 # too). Measured with bench/scheduler_overhead.py: ordering costs ~7 µs per waiting request

@@ -6,12 +6,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from runtime.config import EngineConfig
-from runtime.decode_reservation import DecodeReservation
-from runtime.kv_manager import KVManager
-from runtime.prefix_sharing import PrefixSharing
-from runtime.request import Request, RequestStatus
-from runtime.schedule_policy import make_policy
+from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.decode_reservation import DecodeReservation
+from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.prefix_sharing import PrefixSharing
+from radixserve.runtime.request import Request, RequestStatus
+from radixserve.runtime.schedule_policy import make_policy
 
 log = logging.getLogger("radixserve.scheduler")
 

@@ -14,10 +14,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from grammar import GrammarBackend, GrammarCompiler, GrammarError, GrammarSpec, make_grammar_backend
-from kernels.bitmask import apply_token_bitmask_, warm_up_compiled_bitmask
-from runtime.request import Request
-from runtime.tokenizer import Tokenizer
+from radixserve.grammar import GrammarBackend, GrammarCompiler, GrammarError, GrammarSpec, make_grammar_backend
+from radixserve.kernels.bitmask import apply_token_bitmask_, warm_up_compiled_bitmask
+from radixserve.runtime.request import Request
+from radixserve.runtime.tokenizer import Tokenizer
 
 log = logging.getLogger("radixserve.structured_output")
 

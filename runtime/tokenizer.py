@@ -12,7 +12,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from grammar.vocab import VocabInfo, detect_vocab_type
+from radixserve.grammar.vocab import VocabInfo, detect_vocab_type
 
 # Turn-ending tokens: chat models stop on these even where the file's eos id names another token.
 TURN_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>")

@@ -13,10 +13,10 @@ import openai
 import uvicorn
 from fastapi import FastAPI
 
-from api.server import build_app
-from runtime.config import EngineConfig
-from runtime.engine import Engine
-from runtime.models.loader import ModelFiles
+from radixserve.api.server import build_app
+from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.engine import Engine
+from radixserve.runtime.models.loader import ModelFiles
 
 # dtype auto (bf16 on CPUs with AMX / AVX512-BF16, as users get it): the API tests ran in 32 s
 # against 44 s with float32 on the 2-core dev machine.

@@ -9,9 +9,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from runtime.config import EngineConfig  # noqa: E402
-from runtime.engine import Engine  # noqa: E402
-from runtime.models.loader import load_model_files  # noqa: E402
+from radixserve.runtime.config import EngineConfig  # noqa: E402
+from radixserve.runtime.engine import Engine  # noqa: E402
+from radixserve.runtime.models.loader import load_model_files  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -53,7 +53,7 @@ def make_engine(default_model_files):
 @pytest.fixture(scope="session")
 def api_server(default_model_files):
     """The OpenAI-compatible server (real uvicorn, default model) shared by tests/test_api_*.py."""
-    from tests.api_server import running_server
+    from .api_server import running_server
 
     with running_server(default_model_files) as server:
         yield server

@@ -15,8 +15,8 @@ def write_llama_gguf(hf_model, path: Path, default_files) -> Path:
     import gguf
     from gguf import GGUFReader
 
-    from runtime.models.gguf_loader import read_fields
-    from runtime.models.loader import default_model_path
+    from radixserve.runtime.models.gguf_loader import read_fields
+    from radixserve.runtime.models.loader import default_model_path
 
     cfg = hf_model.config
     w = gguf.GGUFWriter(str(path), "llama")

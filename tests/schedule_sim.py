@@ -11,12 +11,12 @@ import itertools
 import time
 from typing import Optional
 
-from radix import KVPagePool, RequestPageTable
-from runtime.config import EngineConfig
-from runtime.kv_manager import KVManager
-from runtime.request import OutputStream, Request, RequestStatus
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import ScheduledBatch, Scheduler
+from radixserve.radix import KVPagePool, RequestPageTable
+from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.request import OutputStream, Request, RequestStatus
+from radixserve.runtime.sampling_params import SamplingParams
+from radixserve.runtime.scheduler import ScheduledBatch, Scheduler
 
 
 class SimEngine:

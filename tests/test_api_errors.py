@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from api.server import attach_engine, build_app
-from tests.api_server import serve_app
+from radixserve.api.server import attach_engine, build_app
+from .api_server import serve_app
 
 USER = [{"role": "user", "content": "Hi"}]
 

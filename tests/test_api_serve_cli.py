@@ -9,13 +9,13 @@ import time
 
 import httpx
 
-from tests.api_server import free_port
+from .api_server import free_port
 
 
 def test_serve_reports_loading_then_answers_and_prints_what_it_serves():
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RADIXSERVE_API_KEY": "k"}
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--kv-cache-tokens",
+    proc = subprocess.Popen([sys.executable, "-m", "radixserve.api.cli", "serve", "--port", str(port), "--kv-cache-tokens",
                              "2048", "--dtype", "float32", "--served-model-name", "smol", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

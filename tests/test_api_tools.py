@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from api.tools import HermesToolCallParser, ToolCall, WholeOutputToolCallParser
+from radixserve.api.tools import HermesToolCallParser, ToolCall, WholeOutputToolCallParser
 
 WEATHER = {"type": "object",
            "properties": {"city": {"type": "string", "maxLength": 20},

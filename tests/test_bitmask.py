@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.bitmask as bitmask_module
-from kernels.bitmask import (apply_token_bitmask_, apply_token_bitmask_compiled, apply_token_bitmask_reference,
+import radixserve.kernels.bitmask as bitmask_module
+from radixserve.kernels.bitmask import (apply_token_bitmask_, apply_token_bitmask_compiled, apply_token_bitmask_reference,
                              apply_token_bitmask_torch, pack_bitmask, warm_up_compiled_bitmask)
-from tests.triton_interpreter import needs_triton, run_check_under_interpreter
+from .triton_interpreter import needs_triton, run_check_under_interpreter
 
 NEG_INF = float("-inf")
 

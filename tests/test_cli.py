@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-CLI = [sys.executable, "-m", "api.cli"]
+CLI = [sys.executable, "-m", "radixserve.api.cli"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.cuda_graph import capture_sizes, padded_size
+from radixserve.runtime.cuda_graph import capture_sizes, padded_size
 
 
 def test_ladder_is_powers_of_two_to_8_then_multiples_of_16_then_the_limit():

@@ -1,5 +1,5 @@
 """Incremental detokenization with the default model's tokenizer."""
-from runtime.detokenizer import IncrementalDetokenizer
+from radixserve.runtime.detokenizer import IncrementalDetokenizer
 
 
 def stream(tokenizer, text, stop=()):

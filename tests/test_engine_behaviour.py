@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from runtime.engine import collect
-from runtime.sampling_params import SamplingParams
+from radixserve.runtime.engine import collect
+from radixserve.runtime.sampling_params import SamplingParams
 
 
 def chat(tokenizer, text: str) -> list[int]:
@@ -241,8 +241,8 @@ def test_final_output_reports_time_to_first_token(make_engine):
 
 
 def test_shutdown_ends_every_submitted_stream(default_model_files):
-    from runtime.config import EngineConfig
-    from runtime.engine import Engine
+    from radixserve.runtime.config import EngineConfig
+    from radixserve.runtime.engine import Engine
 
     engine = Engine(EngineConfig(dtype="float32", kv_cache_tokens=4096, max_running_requests=2),
                     model_files=default_model_files)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.sampling_params import SamplingParams
+from radixserve.runtime.sampling_params import SamplingParams
 
 SYSTEM = ("You are a meticulous assistant for a travel agency. Answer in one short paragraph, "
           "name concrete places, and never invent prices. ")
@@ -30,9 +30,9 @@ def prompts(default_tokenizer):
 @pytest.fixture(scope="module")
 def reference(prompts, default_model_files):
     """One request at a time, radix cache off, no chunking, page size 1."""
-    from tests.conftest import assert_all_pages_free
-    from runtime.config import EngineConfig
-    from runtime.engine import Engine
+    from .conftest import assert_all_pages_free
+    from radixserve.runtime.config import EngineConfig
+    from radixserve.runtime.engine import Engine
 
     engine = Engine(EngineConfig(dtype="float32", kv_cache_tokens=4096, page_size=1, disable_radix_cache=True,
                                  chunked_prefill_size=4096, max_batched_tokens=4096),
@@ -76,7 +76,7 @@ def test_page_size_16_equals_page_size_1(make_engine, prompts, reference):
 def test_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, prompts, reference, monkeypatch):
     # the prompts share ~60 tokens: too few for the production thresholds, so they are lowered
     # to make every group with a shared page attend to it once
-    import runtime.model_runner as model_runner
+    import radixserve.runtime.model_runner as model_runner
     monkeypatch.setattr(model_runner, "MIN_SHARED_DECODE_SAVING", 1)
     monkeypatch.setattr(model_runner, "MIN_GROUP_SAVING", 1)
     shared_groups = []
@@ -108,7 +108,7 @@ def test_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, 
 
 def test_prefills_after_one_cached_prefix_scored_together_equal_one_by_one(make_engine, prompts, reference,
                                                                           monkeypatch):
-    import runtime.model_runner as model_runner
+    import radixserve.runtime.model_runner as model_runner
     together = []   # segments per scored extend call
     make_context = model_runner.extend_context
 

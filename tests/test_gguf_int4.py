@@ -2,7 +2,7 @@
 import numpy as np
 import torch
 
-from runtime.models.llama import Linear, pack_int4
+from radixserve.runtime.models.llama import Linear, pack_int4
 
 
 def test_int4_form_reconstructs_dequantised_weights(default_model_files):

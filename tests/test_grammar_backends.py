@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from grammar import GrammarError, GrammarSpec, make_grammar_backend
+from radixserve.grammar import GrammarError, GrammarSpec, make_grammar_backend
 
 BACKENDS = ("xgrammar", "outlines-core")
 KINDS_OF = {"xgrammar": {"json_schema", "json_object", "regex", "ebnf", "choice", "structural_tag"},

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from grammar import GrammarCompiler, GrammarError, GrammarSpec, VocabInfo, make_grammar_backend
-from grammar.backend import GrammarBackend
+from radixserve.grammar import GrammarCompiler, GrammarError, GrammarSpec, VocabInfo, make_grammar_backend
+from radixserve.grammar.backend import GrammarBackend
 
 CHARS = [chr(c) for c in range(32, 127)]
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from grammar import GrammarError, GrammarSpec, VocabInfo, VocabType
-from grammar.regex_check import dot_excludes_newline, escape_literal, strip_anchors
-from grammar.vocab import decode_token
+from radixserve.grammar import GrammarError, GrammarSpec, VocabInfo, VocabType
+from radixserve.grammar.regex_check import dot_excludes_newline, escape_literal, strip_anchors
+from radixserve.grammar.vocab import decode_token
 
 
 def test_default_tokenizer_vocab_info_describes_the_model(default_model_files, default_tokenizer):

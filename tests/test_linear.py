@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from runtime.models.llama import Linear
+from radixserve.runtime.models.llama import Linear
 
 
 def test_bf16_linear_equals_plain_linear_for_small_and_large_batches():

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention import attention_bias, decode_kv_rows
-from runtime.attention import TorchAttentionBackend
-from runtime.forward_batch import ExtendSegment, ForwardBatch
-from runtime.kv_cache import KVCache
-from runtime.models.llama import LlamaForCausalLM
-from runtime.models.loader import load_model_files
-from tests.tiny_models import build_tiny_model
+from radixserve.kernels.paged_attention import attention_bias, decode_kv_rows
+from radixserve.runtime.attention import TorchAttentionBackend
+from radixserve.runtime.forward_batch import ExtendSegment, ForwardBatch
+from radixserve.runtime.kv_cache import KVCache
+from radixserve.runtime.models.llama import LlamaForCausalLM
+from radixserve.runtime.models.loader import load_model_files
+from .tiny_models import build_tiny_model
 
 ATOL = 2e-4
 PROMPT = [5, 17, 923, 4000, 12, 88, 3021, 7, 7, 101, 4522, 39]
@@ -76,7 +76,7 @@ def test_prefill_and_decode_logits_match_transformers(arch, page_size, tmp_path,
 
 def test_gguf_export_of_a_tiny_llama_matches_transformers(tmp_path, default_model_files):
     """A GGUF written the way llama.cpp's converter writes it (q/k rows permuted for its RoPE)."""
-    from tests.gguf_export import write_llama_gguf
+    from .gguf_export import write_llama_gguf
 
     hf = build_tiny_model("llama_tied", tmp_path / "hf", default_model_files.tokenizer, seed=3)
     path = write_llama_gguf(hf, tmp_path / "tiny.gguf", default_model_files)

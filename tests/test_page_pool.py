@@ -1,6 +1,6 @@
 import pytest
 
-from radix import KVPagePool, OutOfPagesError
+from radixserve.radix import KVPagePool, OutOfPagesError
 
 
 def test_alloc_hands_out_distinct_pages_until_empty():

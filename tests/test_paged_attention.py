@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention import (SharedPrefixes, attention_bias, decode_attention, decode_kv_rows, extend_attention,
+from radixserve.kernels.paged_attention import (SharedPrefixes, attention_bias, decode_attention, decode_kv_rows, extend_attention,
                                      extend_context, scored_extend_attention)
-from runtime.model_runner import MIN_GROUP_SAVING, MIN_SHARED_DECODE_SAVING, shared_prefix_groups
-from runtime.request import OutputStream, Request
-from runtime.sampling_params import SamplingParams
+from radixserve.runtime.model_runner import MIN_GROUP_SAVING, MIN_SHARED_DECODE_SAVING, shared_prefix_groups
+from radixserve.runtime.request import OutputStream, Request
+from radixserve.runtime.sampling_params import SamplingParams
 
 PAGE, KV_HEADS, HEADS, DIM = 4, 2, 6, 16
 
@@ -125,7 +125,7 @@ def test_scored_extend_equals_sdpa_extend_of_each_segment(dtype, atol, prefix_le
 
 
 def test_long_extends_and_extends_without_a_prefix_take_sdpa():
-    import kernels.paged_attention as pa
+    import radixserve.kernels.paged_attention as pa
     assert extend_context(torch.arange(0), [torch.arange(300)], KV_HEADS, HEADS) is None
     n = pa.MAX_SCORED_EXTEND // (HEADS * 4096) + 1
     assert extend_context(torch.arange(4096 - n), [torch.arange(n)], KV_HEADS, HEADS) is None

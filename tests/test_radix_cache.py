@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radix import KVPagePool, RadixCache
+from radixserve.radix import KVPagePool, RadixCache
 
 
 def make(page_size=1, pages=64):

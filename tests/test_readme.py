@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from api.cli import build_parser
+from radixserve.api.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -157,8 +157,8 @@ def test_generate_command_answers():
 
 
 def test_serve_with_another_model_command_serves_that_file():
-    from runtime.models.loader import default_model_path
-    from tests.api_server import free_port
+    from radixserve.runtime.models.loader import default_model_path
+    from .api_server import free_port
 
     (cmd,) = [c for c in sh_commands() if " serve --model " in c]
     port = free_port()

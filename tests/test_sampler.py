@@ -1,9 +1,9 @@
 """Sampler filters on synthetic logits (no model needed)."""
 import torch
 
-from runtime.request import OutputStream, Request
-from runtime.sampler import Sampler
-from runtime.sampling_params import SamplingParams
+from radixserve.runtime.request import OutputStream, Request
+from radixserve.runtime.sampler import Sampler
+from radixserve.runtime.sampling_params import SamplingParams
 
 V = 8
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.sampling import ARGMAX_CHUNK, argmax_rows
+from radixserve.kernels.sampling import ARGMAX_CHUNK, argmax_rows
 
 
 @pytest.mark.parametrize("width", [49152, 49152 + 37, 3 * ARGMAX_CHUNK - 1, 100])

@@ -15,15 +15,15 @@ import time
 
 import pytest
 
-from radix import KVPagePool, RequestPageTable
-from runtime.config import EngineConfig
-from runtime.decode_reservation import DecodeReservation
-from runtime.engine import EngineOverloadedError, collect
-from runtime.kv_manager import KVManager
-from runtime.request import OutputStream, Request
-from runtime.sampling_params import SamplingParams
-from runtime.schedule_policy import CACHE_AWARE_MAX_QUEUE, DFSWeightPolicy, LongestPrefixPolicy
-from tests.schedule_sim import SimEngine
+from radixserve.radix import KVPagePool, RequestPageTable
+from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.decode_reservation import DecodeReservation
+from radixserve.runtime.engine import EngineOverloadedError, collect
+from radixserve.runtime.kv_manager import KVManager
+from radixserve.runtime.request import OutputStream, Request
+from radixserve.runtime.sampling_params import SamplingParams
+from radixserve.runtime.schedule_policy import CACHE_AWARE_MAX_QUEUE, DFSWeightPolicy, LongestPrefixPolicy
+from .schedule_sim import SimEngine
 
 
 def random_tokens(rng: random.Random, n: int) -> list[int]:

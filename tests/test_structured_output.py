@@ -9,8 +9,8 @@ import re
 import jsonschema
 import pytest
 
-from grammar import GrammarSpec
-from runtime.sampling_params import SamplingParams
+from radixserve.grammar import GrammarSpec
+from radixserve.runtime.sampling_params import SamplingParams
 
 PERSON = "Reply with a JSON object about a person called Ada who is 36."
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.triton_attention import num_decode_splits
-from runtime.attention import TorchAttentionBackend, make_attention_backend, resolve_attention_backend
-from runtime.config import EngineConfig
-from runtime.kv_cache import KVCache
-from tests.triton_interpreter import needs_triton, run_check_under_interpreter
+from radixserve.kernels.triton_attention import num_decode_splits
+from radixserve.runtime.attention import TorchAttentionBackend, make_attention_backend, resolve_attention_backend
+from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.kv_cache import KVCache
+from .triton_interpreter import needs_triton, run_check_under_interpreter
 
 
 @needs_triton

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kernels.paged_attention import attention_bias, decode_attention, decode_kv_rows, extend_attention, write_kv  # noqa: E402
-from kernels.triton_attention import (decode_attention_triton, extend_attention_triton,  # noqa: E402
+from radixserve.kernels.paged_attention import attention_bias, decode_attention, decode_kv_rows, extend_attention, write_kv  # noqa: E402
+from radixserve.kernels.triton_attention import (decode_attention_triton, extend_attention_triton,  # noqa: E402
                                       write_kv_triton)
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}

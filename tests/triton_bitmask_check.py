@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from kernels.bitmask import apply_token_bitmask_reference, apply_token_bitmask_triton, pack_bitmask  # noqa: E402
+from radixserve.kernels.bitmask import apply_token_bitmask_reference, apply_token_bitmask_triton, pack_bitmask  # noqa: E402
 
 
 def main() -> int:

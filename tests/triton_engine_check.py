@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from runtime.config import EngineConfig  # noqa: E402
-from runtime.engine import Engine  # noqa: E402
-from runtime.models.config import ModelConfig  # noqa: E402
-from runtime.models.loader import ModelFiles, load_model_files  # noqa: E402
-from runtime.models.random_init import random_weights  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
+from radixserve.runtime.config import EngineConfig  # noqa: E402
+from radixserve.runtime.engine import Engine  # noqa: E402
+from radixserve.runtime.models.config import ModelConfig  # noqa: E402
+from radixserve.runtime.models.loader import ModelFiles, load_model_files  # noqa: E402
+from radixserve.runtime.models.random_init import random_weights  # noqa: E402
+from radixserve.runtime.sampling_params import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 

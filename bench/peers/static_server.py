@@ -225,7 +225,7 @@ def main() -> int:
     p.add_argument("--batch-timeout", type=float, default=0.5, help="seconds a batch waits to fill")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = p.parse_args()
-    from runtime.models.loader import default_model_path, load_model_files
+    from radixserve.runtime.models.loader import default_model_path, load_model_files
     path = default_model_path() if args.model is None else Path(args.model)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = dense_model(load_model_files(str(path)), getattr(torch, args.dtype))

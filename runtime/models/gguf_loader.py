@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
-from runtime.models.loader import Int4Weight, ModelFiles, ModelLoadError
-from runtime.tokenizer import Tokenizer
+from radixserve.runtime.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
+from radixserve.runtime.models.loader import Int4Weight, ModelFiles, ModelLoadError
+from radixserve.runtime.tokenizer import Tokenizer
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from runtime.forward_batch import ForwardBatch
-from runtime.models.config import ModelConfig
-from runtime.models.rope import apply_rope, cos_sin_table
+from radixserve.runtime.forward_batch import ForwardBatch
+from radixserve.runtime.models.config import ModelConfig
+from radixserve.runtime.models.rope import apply_rope, cos_sin_table
 
 
 # At up to this many tokens a step is bound by reading weights, and the 4-bit form reads 4x fewer

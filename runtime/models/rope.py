@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import torch
 
-from runtime.models.config import UnsupportedModelError
+from radixserve.runtime.models.config import UnsupportedModelError
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: Optional[dict[str, Any]]) -> torch.Tensor:
