@@ -43,9 +43,18 @@ bench-peers: setup
 	PIP="$(PIP)" bench/peers/build_llama_server.sh
 
 # On a CUDA machine, with any python that has CUDA torch, triton and transformers (PYTHON=...):
-# Triton kernels vs references, decode-attention roofline, decode / prefill throughput (< 8 min).
+# Triton kernels vs references, decode-attention roofline, decode / prefill throughput, and the
+# engine end to end on CUDA against a CPU engine, OpenAI server included (< 8 min; report in
+# bench/results/gpu_check.json; GPU_CHECK_ARGS="--sections engine" and the like pass flags).
+# First this package and the pure-Python dependencies it lacks, never letting pip resolve torch:
+# the torch, triton, numpy and transformers already there are pinned as constraints, and xgrammar
+# (which declares torch) goes in with --no-deps.
 gpu-check:
-	HF_HUB_OFFLINE=1 $(PYTHON) bench/gpu_check.py
+	$(PYTHON) -c "import importlib.metadata as m, sys; print(*[d + '==' + m.version(d) for d in sys.argv[1:] if any(m.distributions(name=d))], sep='\n')" torch triton pytorch-triton numpy transformers > $${TMPDIR:-/tmp}/radixserve-gpu-check-pins.txt
+	$(PYTHON) -m pip install -q -c $${TMPDIR:-/tmp}/radixserve-gpu-check-pins.txt 'setuptools>=68' numpy 'tokenizers>=0.20' 'transformers>=4.46' 'safetensors>=0.4' 'gguf>=0.10' 'jinja2>=3.1' 'outlines-core>=0.2.14' 'jsonschema>=4.20' 'fastapi>=0.115' 'uvicorn>=0.30' 'sse-starlette>=2.1' 'prometheus-client>=0.20' 'pydantic>=2.7' 'openai>=1.40' 'httpx>=0.27' apache-tvm-ffi typing-extensions
+	$(PYTHON) -m pip install -q --no-deps 'xgrammar>=0.2.9' $(MODEL_PIN)
+	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	HF_HUB_OFFLINE=1 $(PYTHON) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV)
