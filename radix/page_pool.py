@@ -50,10 +50,3 @@ class KVPagePool:
             raise RuntimeError(f"double free of KV pages {bad or pages}")
         self._is_free[idx] = True
         self._free.extend(pages)
-
-    def slots_of(self, pages: list[int]) -> list[int]:
-        """Token slot indices covered by `pages`, in order."""
-        p = self.page_size
-        if p == 1:
-            return list(pages)
-        return [page * p + i for page in pages for i in range(p)]

@@ -1,9 +1,13 @@
-"""Radix tree over token ids whose values are KV cache slots.
+"""Radix tree over token ids whose values are KV cache page ids.
 
 Edges hold whole pages of tokens: with page size P, a key is matched and
-stored in multiples of P, and an unaligned tail is never cached. The tree owns
-the pages of every node; `lock` pins a path so running requests keep reading
-it; `evict` frees least-recently-used unlocked leaves back to the pool.
+stored in multiples of P, an unaligned tail is never cached, and a node keeps
+one page id per P tokens of its key. `lock` pins a path so running requests
+keep reading it.
+
+The tree owns its pages logically but never frees them: it has no pool.
+`insert` hands back the caller's duplicate pages, `evict` and `reset` hand back
+the pages they drop, and KVManager frees them, so one place moves pages.
 """
 from __future__ import annotations
 
@@ -12,13 +16,11 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
-from radixserve.radix.page_pool import KVPagePool
-
 
 @dataclass(eq=False)
 class TreeNode:
     key: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)   # len(key) // page_size ids
     parent: Optional["TreeNode"] = None
     children: dict = field(default_factory=dict)
     lock_ref: int = 0
@@ -51,14 +53,21 @@ def common_prefix_len(a: list[int], b: list[int], page_size: int) -> int:
     return lo - lo % page_size
 
 
-class RadixCache:
-    def __init__(self, pool: KVPagePool):
-        self.pool = pool
-        self.page_size = pool.page_size
-        self._clock = itertools.count(1)
-        self.reset_tree()
+@dataclass(frozen=True)
+class InsertResult:
+    present: int            # leading tokens that were already cached
+    duplicates: list[int]   # the caller's pages the tree did not take: it has its own copy
 
-    def reset_tree(self) -> None:
+
+class RadixCache:
+    def __init__(self, page_size: int):
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        self.page_size = page_size
+        self._clock = itertools.count(1)
+        self._clear()
+
+    def _clear(self) -> None:  # private: dropping nodes without handing back their pages leaks them
         self.root = TreeNode(lock_ref=1)  # the root is never evicted
         self.evictable_size = 0
         self.protected_size = 0
@@ -77,9 +86,9 @@ class RadixCache:
         return tokens[0] if self.page_size == 1 else tuple(tokens[: self.page_size])
 
     def match_prefix(self, tokens: list[int]) -> tuple[list[int], TreeNode]:
-        """Slots of the longest cached page-aligned prefix of `tokens`, and its last node."""
+        """Pages of the longest cached page-aligned prefix of `tokens`, and its last node."""
         tokens = tokens[: len(tokens) - len(tokens) % self.page_size]
-        node, slots, now = self.root, [], next(self._clock)
+        node, pages, now = self.root, [], next(self._clock)
         node.last_access = now
         while tokens:
             child = node.children.get(self._child_key(tokens))
@@ -89,10 +98,10 @@ class RadixCache:
             n = common_prefix_len(child.key, tokens, self.page_size)
             if n < len(child.key):
                 child = self._split(child, n)
-            slots.extend(child.slots)
+            pages.extend(child.pages)
             node = child
             tokens = tokens[n:]
-        return slots, node
+        return pages, node
 
     def match_length(self, tokens: list[int], limit: int) -> tuple[int, TreeNode]:
         """Cached page-aligned prefix length of `tokens[:limit]` and the deepest node it reaches.
@@ -116,48 +125,46 @@ class RadixCache:
         return i, node
 
     # ---- updates -------------------------------------------------------
-    def insert(self, tokens: list[int], slots: list[int]) -> int:
-        """Cache `tokens` (page-aligned part) with their `slots`; the tree takes their pages.
+    def insert(self, tokens: list[int], pages: list[int]) -> InsertResult:
+        """Cache the whole pages of `tokens`, one id in `pages` per page; the tree takes the new ones.
 
-        Returns how many leading tokens were already cached. Pages of that part
-        that differ from the tree's copy are duplicates and are freed here.
+        Where a page is already cached under a different id, the caller's page is a
+        duplicate: it is returned in `duplicates` for the caller to free, not taken.
         """
-        if len(tokens) != len(slots):
-            raise ValueError("tokens and slots differ in length")
-        aligned = len(tokens) - len(tokens) % self.page_size
-        tokens, slots = tokens[:aligned], slots[:aligned]
+        p = self.page_size
+        aligned = len(tokens) - len(tokens) % p
+        if len(pages) != aligned // p:
+            raise ValueError(f"{len(pages)} pages for {aligned // p} whole pages of tokens")
+        tokens = tokens[:aligned]
         node, now, present = self.root, next(self._clock), 0
         node.last_access = now
         duplicates: list[int] = []
         while tokens:
             child = node.children.get(self._child_key(tokens))
             if child is None:
-                leaf = TreeNode(key=list(tokens), slots=list(slots), parent=node, last_access=now)
+                leaf = TreeNode(key=list(tokens), pages=list(pages), parent=node, last_access=now)
                 node.children[self._child_key(tokens)] = leaf
                 self.evictable_size += len(tokens)
                 break
             child.last_access = now
-            n = common_prefix_len(child.key, tokens, self.page_size)
+            n = common_prefix_len(child.key, tokens, p)
             if n < len(child.key):
                 child = self._split(child, n)
-            duplicates.extend(self._differing_pages(child.slots, slots[:n]))
+            # equal ids are the caller reading the tree's own page, not a copy
+            duplicates.extend(q for q, ours in zip(pages[: n // p], child.pages) if q != ours)
             present += n
             node = child
-            tokens, slots = tokens[n:], slots[n:]
-        self.pool.free(duplicates)
-        return present
-
-    def _differing_pages(self, ours: list[int], theirs: list[int]) -> list[int]:
-        p = self.page_size
-        return [theirs[i] // p for i in range(0, len(theirs), p) if theirs[i] != ours[i]]
+            tokens, pages = tokens[n:], pages[n // p:]
+        return InsertResult(present, duplicates)
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
-        """Cut `child`'s edge after `n` tokens; return the new upper node."""
+        """Cut `child`'s edge after `n` tokens (whole pages); return the new upper node."""
+        k = n // self.page_size
         parent = child.parent
-        upper = TreeNode(key=child.key[:n], slots=child.slots[:n], parent=parent,
+        upper = TreeNode(key=child.key[:n], pages=child.pages[:k], parent=parent,
                          lock_ref=child.lock_ref, last_access=child.last_access)
         parent.children[self._child_key(upper.key)] = upper
-        child.key, child.slots, child.parent = child.key[n:], child.slots[n:], upper
+        child.key, child.pages, child.parent = child.key[n:], child.pages[k:], upper
         upper.children[self._child_key(child.key)] = child
         return upper
 
@@ -180,31 +187,29 @@ class RadixCache:
             node = node.parent
 
     def evict(self, n_tokens: int) -> list[int]:
-        """Free at least `n_tokens` (if possible) from LRU unlocked leaves; return the freed pages."""
+        """Drop at least `n_tokens` (if possible) from LRU unlocked leaves; return their pages."""
         heap = [n for n in self._nodes() if n.is_leaf and n.lock_ref == 0]
         heapq.heapify(heap)
-        freed: list[int] = []
+        dropped: list[int] = []
         evicted = 0
         while heap and evicted < n_tokens:
             leaf = heapq.heappop(heap)
-            pages = leaf.slots[:: self.page_size]
-            freed.extend(s // self.page_size for s in pages)
+            dropped.extend(leaf.pages)
             evicted += len(leaf.key)
             self.evictable_size -= len(leaf.key)
             parent = leaf.parent
             del parent.children[self._child_key(leaf.key)]
             if parent is not self.root and parent.is_leaf and parent.lock_ref == 0:
                 heapq.heappush(heap, parent)
-        self.pool.free(freed)
-        return freed
+        return dropped
 
-    def reset(self) -> None:
-        """Drop every cached prefix and return its pages; no node may be locked."""
+    def reset(self) -> list[int]:
+        """Drop every cached prefix and return all its pages; no node may be locked."""
         if self.protected_size:
             raise RuntimeError("cannot reset the radix cache while requests hold prefixes")
-        pages = [s // self.page_size for n in self._nodes() for s in n.slots[:: self.page_size]]
-        self.pool.free(pages)
-        self.reset_tree()
+        pages = [q for n in self._nodes() for q in n.pages]
+        self._clear()
+        return pages
 
     def _nodes(self):
         stack = list(self.root.children.values())

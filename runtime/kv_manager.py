@@ -1,7 +1,8 @@
 """A request's view of the KV cache: prefix matching, page allocation, caching and release.
 
 The only place that moves pages between the pool, the radix tree and requests,
-so the accounting invariant (free + tree + held == total) has one owner.
+so the accounting invariant (free + tree + held == total) has one owner: the tree
+never frees, it returns the pages it drops or declines and they are freed here.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ class KVManager:
     def __init__(self, pool: KVPagePool, page_table: RequestPageTable, radix_enabled: bool = True):
         self.pool = pool
         self.page_size = pool.page_size
-        self.tree = RadixCache(pool)
+        self.tree = RadixCache(pool.page_size)
         self.table = page_table
         self.radix_enabled = radix_enabled
         self.evicted_tokens = 0            # cached tokens dropped from the tree to make room
@@ -59,12 +60,12 @@ class KVManager:
         if not self.radix_enabled:
             return 0
         # leave at least one token to compute: its logits give the next token
-        slots, node = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1])
+        pages, node = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1])
         self.tree.lock(node)
-        req.tree_node, req.tree_len, req.kv_len = node, len(slots), len(slots)
-        req.pages = [s // self.page_size for s in slots[:: self.page_size]]
-        self.table.write(req.page_row, 0, req.pages)
-        return len(slots)
+        n = len(pages) * self.page_size
+        req.tree_node, req.tree_len, req.kv_len, req.pages = node, n, n, pages
+        self.table.write(req.page_row, 0, pages)
+        return n
 
     def alloc(self, req: Request, new_tokens: int) -> bool:
         """Give `req` pages for `new_tokens` more positions, evicting tree leaves if needed."""
@@ -73,7 +74,9 @@ class KVManager:
             return True
         short = n - self.pool.num_free
         if short > 0:
-            self.evicted_tokens += len(self.tree.evict(short * self.page_size)) * self.page_size
+            dropped = self.tree.evict(short * self.page_size)
+            self.pool.free(dropped)
+            self.evicted_tokens += len(dropped) * self.page_size
         try:
             pages = self.pool.alloc(n)
         except OutOfPagesError:
@@ -89,13 +92,12 @@ class KVManager:
         n = req.kv_len - req.kv_len % self.page_size
         if n <= req.tree_len:
             return
-        p = self.page_size
-        slots = self.pool.slots_of(req.pages[: n // p])
-        self.tree.insert(req.token_ids[:n], slots)
-        tree_slots, node = self.tree.match_prefix(req.token_ids[:n])
-        tree_pages = [s // p for s in tree_slots[::p]]
-        if tree_pages != req.pages[: n // p]:
-            req.pages[: n // p] = tree_pages
+        k = n // self.page_size
+        # pages another request cached first are copies: read the tree's instead
+        self.pool.free(self.tree.insert(req.token_ids[:n], req.pages[:k]).duplicates)
+        tree_pages, node = self.tree.match_prefix(req.token_ids[:n])
+        if tree_pages != req.pages[:k]:
+            req.pages[:k] = tree_pages
             self.table.write(req.page_row, 0, tree_pages)
         self.tree.lock(node)
         if req.tree_node is not None:
@@ -116,4 +118,4 @@ class KVManager:
 
     def flush(self) -> None:
         """Drop all cached prefixes (only when no request holds any)."""
-        self.tree.reset()
+        self.pool.free(self.tree.reset())

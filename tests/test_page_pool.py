@@ -33,7 +33,3 @@ def test_freeing_the_same_page_twice_in_one_call_raises():
     with pytest.raises(RuntimeError, match="double free"):
         pool.free([page, page])
 
-
-def test_slots_of_pages_follow_page_size():
-    pool = KVPagePool(num_pages=4, page_size=3)
-    assert pool.slots_of([2, 0]) == [6, 7, 8, 0, 1, 2]

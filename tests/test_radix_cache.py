@@ -1,51 +1,95 @@
-"""RadixCache against a naive reference: a dict from cached token tuples to their slots."""
+"""RadixCache against a naive reference: a dict from cached page-aligned prefixes to their pages.
 
+The tree has no pool; each test keeps one and frees into it itself, as KVManager does.
+"""
+import inspect
+from dataclasses import dataclass
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.radix import KVPagePool, RadixCache
+from radixserve.radix import KVPagePool, RadixCache, TreeNode
 
 
 def make(page_size=1, pages=64):
-    pool = KVPagePool(pages, page_size)
-    return pool, RadixCache(pool)
+    return KVPagePool(pages, page_size), RadixCache(page_size)
 
 
 def insert_fresh(pool, tree, tokens):
-    """Insert `tokens` with newly allocated pages, as a finished request would."""
-    p = pool.page_size
-    n = len(tokens) // p
-    pages = pool.alloc(n)
-    slots = pool.slots_of(pages)
-    present = tree.insert(tokens[: n * p], slots)
-    return present
+    """Insert `tokens` with newly allocated pages, as a finished request would; returns the result."""
+    pages = pool.alloc(len(tokens) // pool.page_size)
+    return tree.insert(tokens, pages)
 
 
-def test_match_returns_longest_cached_prefix():
+def cached(tree: RadixCache) -> dict[tuple, int]:
+    """Every cached page-aligned prefix -> the id of its last page, read without touching LRU times."""
+    p, out = tree.page_size, {}
+    stack: list[tuple[TreeNode, tuple]] = [(tree.root, ())]
+    while stack:
+        node, prefix = stack.pop()
+        for child in node.children.values():
+            assert len(child.pages) * p == len(child.key)
+            for i, page in enumerate(child.pages):
+                out[prefix + tuple(child.key[: (i + 1) * p])] = page
+            stack.append((child, prefix + tuple(child.key)))
+    return out
+
+
+def test_match_returns_longest_cached_prefix_as_pages():
     pool, tree = make()
     insert_fresh(pool, tree, [1, 2, 3, 4])
-    slots, node = tree.match_prefix([1, 2, 3, 9, 9])
-    assert len(slots) == 3
-    assert node.key == [1, 2, 3]  # the edge was split at the mismatch
+    pages = cached(tree)
+    got, node = tree.match_prefix([1, 2, 3, 9, 9])
+    assert got == [pages[(1,)], pages[(1, 2)], pages[(1, 2, 3)]]
+    assert node.key == [1, 2, 3] and node.pages == got  # the edge was split at the mismatch
 
 
-def test_insert_of_present_prefix_frees_duplicate_pages():
+def test_split_keeps_one_page_per_page_of_key():
+    pool, tree = make(page_size=2)
+    pages = pool.alloc(3)
+    tree.insert([1, 2, 3, 4, 5, 6], pages)
+    got, node = tree.match_prefix([1, 2, 3, 4, 9, 9])
+    assert got == pages[:2] and node.pages == pages[:2]
+    (child,) = node.children.values()
+    assert child.key == [5, 6] and child.pages == pages[2:]
+
+
+def test_insert_returns_the_callers_duplicate_pages_instead_of_freeing_them():
     pool, tree = make()
-    insert_fresh(pool, tree, [1, 2, 3])
+    first = pool.alloc(3)
+    assert tree.insert([1, 2, 3], first).present == 0
+    second = pool.alloc(5)
     free_before = pool.num_free
-    present = insert_fresh(pool, tree, [1, 2, 3, 4, 5])
-    assert present == 3
-    # five pages were taken, three were duplicates and came back
-    assert pool.num_free == free_before - 2
+    result = tree.insert([1, 2, 3, 4, 5], second)
+    assert result.present == 3
+    assert result.duplicates == second[:3]
+    assert pool.num_free == free_before          # handed back, not freed
+    assert tree.match_prefix([1, 2, 3, 4, 5])[0] == first + second[3:]
     assert tree.total_size == 5
+
+
+def test_insert_of_the_trees_own_pages_returns_no_duplicates():
+    pool, tree = make(page_size=2)
+    insert_fresh(pool, tree, [1, 2, 3, 4])
+    matched, _ = tree.match_prefix([1, 2, 3, 4])     # a request reading the cached prefix
+    result = tree.insert([1, 2, 3, 4, 5, 6], matched + pool.alloc(1))
+    assert result.present == 4 and result.duplicates == []
+
+
+def test_insert_needs_one_page_per_whole_page_of_tokens():
+    pool, tree = make(page_size=4)
+    with pytest.raises(ValueError):
+        tree.insert(list(range(8)), pool.alloc(1))
+    assert tree.insert(list(range(10)), pool.alloc(2)).present == 0  # the 2-token tail is dropped
+    assert tree.total_size == 8
 
 
 def test_page_size_matches_whole_pages_only():
     pool, tree = make(page_size=4)
-    insert_fresh(pool, tree, list(range(10)))       # the 2-token tail is not cached
-    assert tree.total_size == 8
-    slots, _ = tree.match_prefix(list(range(7)) + [99])
-    assert len(slots) == 4                           # the partial second page does not count
+    insert_fresh(pool, tree, list(range(8)))
+    pages, _ = tree.match_prefix(list(range(7)) + [99])
+    assert len(pages) == 1                           # the partial second page does not count
 
 
 def test_locked_nodes_are_not_evicted():
@@ -54,11 +98,11 @@ def test_locked_nodes_are_not_evicted():
     insert_fresh(pool, tree, [7, 8])
     _, node = tree.match_prefix([1, 2, 3])
     tree.lock(node)
-    tree.evict(100)
+    pool.free(tree.evict(100))
     assert tree.match_prefix([1, 2, 3])[0]
     assert not tree.match_prefix([7, 8])[0]
     tree.unlock(node)
-    tree.evict(100)
+    pool.free(tree.evict(100))
     assert tree.total_size == 0
     assert pool.num_free == pool.num_pages
 
@@ -68,72 +112,166 @@ def test_evict_removes_least_recently_used_leaf_first():
     insert_fresh(pool, tree, [1, 1])
     insert_fresh(pool, tree, [2, 2])
     tree.match_prefix([1, 1])                        # touch: [2, 2] is now the oldest
-    freed = tree.evict(1)
-    assert len(freed) == 2
+    dropped = tree.evict(1)
+    assert len(dropped) == 2
     assert tree.match_prefix([1, 1])[0] and not tree.match_prefix([2, 2])[0]
+
+
+def test_evict_returns_the_pages_it_dropped_and_frees_nothing():
+    pool, tree = make(page_size=2)
+    pages = pool.alloc(3)
+    tree.insert([1, 2, 3, 4, 5, 6], pages)
+    free_before = pool.num_free
+    dropped = tree.evict(10 ** 9)
+    assert sorted(dropped) == sorted(pages)
+    assert pool.num_free == free_before and tree.total_size == 0
+    pool.free(dropped)                               # still allocated: freeing them once is legal
+    assert pool.num_free == pool.num_pages
 
 
 def test_reset_returns_every_page():
     pool, tree = make(page_size=2)
-    insert_fresh(pool, tree, [1, 2, 3, 4])
-    insert_fresh(pool, tree, [1, 2, 5, 6])
-    tree.reset()
-    assert pool.num_free == pool.num_pages and tree.total_size == 0
+    a = pool.alloc(2)
+    b = pool.alloc(2)
+    tree.insert([1, 2, 3, 4], a)
+    assert tree.insert([1, 2, 5, 6], b).duplicates == b[:1]
+    pool.free(b[:1])
+    free_before = pool.num_free
+    pages = tree.reset()
+    assert sorted(pages) == sorted(a + b[1:])
+    assert pool.num_free == free_before and tree.total_size == 0
+    pool.free(pages)
+    assert pool.num_free == pool.num_pages
+
+
+def test_reset_refuses_while_a_prefix_is_locked():
+    pool, tree = make()
+    insert_fresh(pool, tree, [1, 2])
+    tree.lock(tree.match_prefix([1, 2])[1])
+    with pytest.raises(RuntimeError):
+        tree.reset()
+
+
+def test_the_tree_never_calls_the_pool():
+    # it is built from a page size alone, so it cannot reach a pool to free into
+    assert list(inspect.signature(RadixCache).parameters) == ["page_size"]
+    tree = RadixCache(page_size=2)
+    tree.insert([1, 2, 3, 4], [7, 3])
+    tree.insert([1, 2, 5, 6], [9, 4])
+    tree.lock(tree.match_prefix([1, 2, 5, 6])[1])
+    assert tree.evict(10) == [3]
+    with pytest.raises(RuntimeError):
+        tree.reset()
+    assert not any(isinstance(v, KVPagePool) for v in vars(tree).values())
+
+
+# ---- random requests against the reference ------------------------------------------------
+
+@dataclass
+class FakeRequest:
+    tokens: list[int]    # page-aligned
+    node: TreeNode
+    matched: list[int]   # the tree's pages it reads (locked)
+    own: list[int]       # pages allocated for it alone
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["insert", "match", "lock", "unlock", "evict"]),
+    st.tuples(st.sampled_from(["insert", "match", "start", "finish", "abort", "evict"]),
               st.lists(st.integers(0, 3), min_size=0, max_size=12),
               st.integers(0, 20)),
     max_size=40)
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=ops, page_size=st.sampled_from([1, 2, 4]))
-def test_random_operations_match_reference(ops, page_size):
-    pool, tree = make(page_size=page_size, pages=256)
-    reference: dict[tuple, list[int]] = {}    # cached page-aligned prefix -> its slots
-    locked = []                               # (node, tokens) pairs currently locked
+@given(ops=ops, page_size=st.sampled_from([1, 2, 4]), num_pages=st.sampled_from([6, 24]))
+def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size, num_pages):
+    p = page_size
+    pool, tree = make(page_size=p, pages=num_pages)
+    reference: dict[tuple, int] = {}     # cached page-aligned prefix -> its last page
+    running: list[FakeRequest] = []
+
+    def evict(n_tokens: int) -> None:
+        nonlocal reference
+        free_before = pool.num_free
+        dropped = tree.evict(n_tokens)
+        assert pool.num_free == free_before  # the tree freed nothing itself
+        after = cached(tree)
+        gone = {k: v for k, v in reference.items() if k not in after}
+        assert all(reference.get(k) == v for k, v in after.items())   # eviction only removes
+        assert sorted(dropped) == sorted(gone.values())
+        if len(gone) * p < n_tokens:
+            assert tree.evictable_size == 0  # stopped short only when nothing unlocked was left
+        reference = after
+        pool.free(dropped)
+
+    def alloc(n: int):
+        if pool.num_free < n:
+            evict((n - pool.num_free) * p)
+        return pool.alloc(n) if pool.num_free >= n else None
+
+    def insert(tokens: list[int], pages: list[int]) -> None:
+        expected_present, expected_dups = 0, []
+        for i, page in enumerate(pages):
+            key = tuple(tokens[: (i + 1) * p])
+            if key in reference:
+                expected_present += p
+                if reference[key] != page:
+                    expected_dups.append(page)
+            else:
+                reference[key] = page
+        result = tree.insert(tokens, pages)
+        assert (result.present, result.duplicates) == (expected_present, expected_dups)
+        pool.free(result.duplicates)     # the test, not the tree, frees them
+
+    def longest_cached(tokens: list[int]) -> list[int]:
+        pages = []
+        for end in range(p, len(tokens) + 1, p):
+            if tuple(tokens[:end]) not in reference:
+                break
+            pages.append(reference[tuple(tokens[:end])])
+        return pages
+
     for op, tokens, n in ops:
-        aligned = tokens[: len(tokens) - len(tokens) % page_size]
+        aligned = tokens[: len(tokens) - len(tokens) % p]
         if op == "insert":
-            if pool.num_free * page_size < len(aligned):
-                tree.evict(len(aligned))
-                # eviction changed what is cached: rebuild the reference from the tree
-                reference = {k: v for k, v in reference.items() if tree.match_prefix(list(k))[0] == v}
-            if pool.num_free * page_size < len(aligned):
-                continue
-            pages = pool.alloc(len(aligned) // page_size)
-            slots = pool.slots_of(pages)
-            present = tree.insert(aligned, slots)
-            got = tree.match_prefix(aligned)[0]
-            assert len(got) == len(aligned)
-            assert got[present:] == slots[present:]   # the new part keeps the inserted slots
-            for i in range(page_size, len(aligned) + 1, page_size):
-                reference[tuple(aligned[:i])] = got[:i]
+            pages = alloc(len(aligned) // p)
+            if pages is not None:
+                insert(aligned, pages)
         elif op == "match":
-            got, _ = tree.match_prefix(tokens)
-            longest = max((len(k) for k in reference if list(k) == tokens[: len(k)]), default=0)
-            assert len(got) == longest
-            if longest:
-                assert got == reference[tuple(tokens[:longest])]
-        elif op == "lock":
-            _, node = tree.match_prefix(tokens)
+            assert tree.match_prefix(tokens)[0] == longest_cached(tokens)
+        elif op == "start":
+            matched, node = tree.match_prefix(aligned)
+            assert matched == longest_cached(aligned)
             tree.lock(node)
-            locked.append((node, tokens, len(tree.match_prefix(tokens)[0])))
-        elif op == "unlock" and locked:
-            node, _, _ = locked.pop(n % len(locked))
-            tree.unlock(node)
+            own = alloc(len(aligned) // p - len(matched))
+            if own is None:
+                tree.unlock(node)
+            else:
+                running.append(FakeRequest(aligned, node, matched, own))
+        elif op in ("finish", "abort") and running:
+            req = running.pop(n % len(running))
+            if op == "finish":
+                insert(req.tokens, req.matched + req.own)
+            else:
+                pool.free(req.own)
+            tree.unlock(req.node)
         elif op == "evict":
-            tree.evict(n)
-            reference = {k: v for k, v in reference.items() if tree.match_prefix(list(k))[0] == v}
-        # locked paths survive every eviction
-        for _, locked_tokens, length in locked:
-            assert len(tree.match_prefix(locked_tokens)[0]) >= length
-        # pages are conserved: free + in tree == total (nothing is held outside in this test)
-        assert pool.num_free + tree.num_pages == pool.num_pages
+            evict(n)
+
+        assert cached(tree) == reference
+        assert tree.total_size == len(reference) * p
         assert tree.evictable_size + tree.protected_size == tree.total_size
-    for node, _, _ in locked:
-        tree.unlock(node)
-    tree.evict(10 ** 9)
+        for req in running:              # locked paths survive every eviction
+            assert longest_cached(req.tokens)[: len(req.matched)] == req.matched
+        # every page is in exactly one place: free, owned by the tree, or held by one request
+        free = pool.alloc(pool.num_free)
+        pool.free(free)
+        owned = list(reference.values())
+        held = [q for req in running for q in req.own]
+        assert sorted(free + owned + held) == list(range(num_pages))
+
+    for req in running:
+        pool.free(req.own)
+        tree.unlock(req.node)
+    pool.free(tree.reset())
     assert pool.num_free == pool.num_pages
