@@ -74,11 +74,11 @@ class GrammarBackend(abc.ABC):
         for matcher, row in zip(matchers, rows, strict=True):
             matcher.fill_bitmask(bitmask, row)
 
-    def allocate_bitmask(self, rows: int) -> torch.Tensor:
-        """A zeroed bitmask of `rows` rows for this vocabulary, in pinned memory when CUDA is there
-        (so that the copy to the device can overlap)."""
+    def allocate_bitmask(self, rows: int, pin_memory: bool = False) -> torch.Tensor:
+        """A zeroed bitmask of `rows` rows for this vocabulary; `pin_memory` where the engine's
+        device copies it over asynchronously (the caller's platform decides)."""
         shape = (rows, self.vocab.bitmask_width)
-        if torch.cuda.is_available():
+        if pin_memory:
             return torch.zeros(shape, dtype=torch.int32, pin_memory=True)
         # Zeroed by numpy, not by a torch kernel: this runs on a request's thread, and a parallel
         # torch kernel there would give the process a second OpenMP thread team. libgomp then sees

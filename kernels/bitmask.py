@@ -294,7 +294,6 @@ def _compile_kernel(dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor]
     import torch._inductor.config as inductor_config
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    inductor_config.compile_threads = 1  # no pool of compile workers left running
     tokens_per_lane, neg_inf = _INT32_LANES[dtype]
 
     def kernel(lanes: torch.Tensor, words: torch.Tensor) -> None:
@@ -304,8 +303,9 @@ def _compile_kernel(dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor]
     graph = make_fx(kernel, tracing_mode="symbolic")(*examples)
     symbolic_inputs = [node.meta["val"] for node in graph.graph.nodes if node.op == "placeholder"]
     # one thread: two were within noise of it here (0.098 vs 0.105 ms on 32 x 49k logits, 0.995
-    # vs 0.974 ms on 128 rows), and a kernel without an OpenMP region never waits on a team
-    with inductor_config.patch({"cpp.threads": 1}):
+    # vs 0.974 ms on 128 rows), and a kernel without an OpenMP region never waits on a team; one
+    # compile thread: no pool of compile workers left running. Both only for this compile.
+    with inductor_config.patch({"cpp.threads": 1, "compile_threads": 1}):
         return torch._inductor.compile(graph, symbolic_inputs)
 
 
@@ -382,7 +382,9 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
                          rows: Rows = None, vocab_size: Optional[int] = None) -> None:
     """Set logits[r, t] = -inf for every r in `rows` (all rows when None) and every token t that
     bitmask[r] does not allow (or t >= vocab_size). In place; other rows are not touched."""
-    if logits.device.type == "cuda" and triton is not None:
-        apply_token_bitmask_triton(logits, bitmask.to(logits.device, non_blocking=True), rows, vocab_size)
-    else:
+    if logits.device.type == "cpu":
         apply_token_bitmask_compiled(logits, bitmask, rows, vocab_size)
+    elif logits.device.type == "cuda" and triton is not None:
+        apply_token_bitmask_triton(logits, bitmask.to(logits.device, non_blocking=True), rows, vocab_size)
+    else:  # any other device: the reference, on the logits' device
+        apply_token_bitmask_reference(logits, bitmask.to(logits.device), rows, vocab_size)

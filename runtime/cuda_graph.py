@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from radixserve.runtime.forward_batch import ForwardBatch
+from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
 
 # static input rows: token id, position, output slot, page-table row, context length
 _IDS, _POS, _SLOT, _ROW, _LEN = range(5)
@@ -35,28 +35,27 @@ def padded_size(n: int, sizes: list[int]) -> Optional[int]:
 class DecodeGraphRunner:
     """Owns the static decode inputs, one captured graph (and its logits) per ladder size."""
 
-    def __init__(self, model, attention, page_table: torch.Tensor, max_batch: int, max_context_len: int,
-                 pad_slot: int, capture: bool = True):
+    def __init__(self, model, attention, max_batch: int, max_context_len: int, pad_slot: int,
+                 device: torch.device, capture: bool = True):
+        """`attention`: a backend with `decode_metadata(rows, lens, max_len)` on static tensors."""
         self.model, self.attention = model, attention
         self.sizes = capture_sizes(max_batch)
-        self.device = page_table.device
+        self.device = device
         self.static = torch.zeros(5, self.sizes[-1], dtype=torch.long, device=self.device)
         # what a padding row holds: token 0 at position 0, written to the padding page, length 1
         self.pad_column = [0, 0, pad_slot, 0, 1]
         self.static[:, :] = torch.tensor(self.pad_column, device=self.device).unsqueeze(1)
         # max_context_len fixes each size's split count, so one graph serves every context length
-        self.batches = {bs: self._batch(bs, page_table, max_context_len) for bs in self.sizes}
+        self.batches = {bs: self._batch(bs, max_context_len) for bs in self.sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         if capture:
             self._capture_all()
 
-    def _batch(self, bs: int, page_table: torch.Tensor, max_context_len: int) -> ForwardBatch:
+    def _batch(self, bs: int, max_context_len: int) -> ForwardBatch:
         s = self.static[:, :bs]
-        return ForwardBatch(input_ids=s[_IDS], positions=s[_POS], out_slots=s[_SLOT], num_decode=bs,
-                            extends=[], sample_rows=None,
-                            page_table=page_table, decode_rows=s[_ROW], decode_lens=s[_LEN],
-                            decode_max_len=max_context_len)
+        return ForwardBatch(input_ids=s[_IDS], positions=s[_POS], out_slots=s[_SLOT], sample_rows=None,
+                            attention=self.attention.decode_metadata(s[_ROW], s[_LEN], max_context_len))
 
     def _capture_all(self) -> None:
         pool = None
@@ -72,9 +71,11 @@ class DecodeGraphRunner:
             self.graphs[bs] = graph
         torch.cuda.synchronize(self.device)
 
-    def run(self, columns: list[list[int]]) -> Optional[torch.Tensor]:
-        """columns: [ids, positions, slots, rows, lens] of n decodes. Returns their logits
-        ([n, vocab], valid until the next run), or None when n is beyond the ladder."""
+    def run(self, layout: BatchLayout) -> Optional[torch.Tensor]:
+        """Logits of a decode-only layout ([n, vocab], valid until the next run), or None when n is
+        beyond the ladder."""
+        columns = [layout.ids, layout.positions, layout.out_slots, [d.page_row for d in layout.decodes],
+                   [d.context_len for d in layout.decodes]]
         n = len(columns[0])
         bs = padded_size(n, self.sizes)
         if bs is None or n == 0:

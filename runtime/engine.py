@@ -19,12 +19,12 @@ from radixserve.radix import KVPagePool, RequestPageTable
 from radixserve.runtime.attention import make_attention_backend
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.detokenizer import IncrementalDetokenizer
-from radixserve.runtime.device import retain_freed_memory, kv_cache_tokens, pick_device, pick_dtype
-from radixserve.runtime.kv_cache import KVCache
+from radixserve.runtime.kv_cache import KVCache, kv_cache_tokens
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
 from radixserve.runtime.models.llama import LlamaForCausalLM
 from radixserve.runtime.models.loader import ModelFiles, load_model_files
+from radixserve.runtime.platform import get_platform, pick_device, pick_dtype
 from radixserve.runtime.request import OutputStream, Request, RequestOutput, RequestStatus
 from radixserve.runtime.sampler import Sampler
 from radixserve.runtime.sampling_params import SamplingParams
@@ -80,12 +80,13 @@ class Engine:
         self.tokenizer = files.tokenizer
         self.model_config = files.config
         self.device = pick_device(config.device)
+        self.platform = get_platform(self.device)
         self.dtype = pick_dtype(config.dtype, self.device)
         self.eos_token_ids = sorted(set(files.config.eos_token_ids) | set(self.tokenizer.eos_token_ids))
 
         self.structured = StructuredOutput(config.grammar_backend, self.tokenizer, files.config.vocab_size,
                                            self.eos_token_ids, config.max_running_requests,
-                                           config.grammar_compile_timeout)
+                                           config.grammar_compile_timeout, self.platform.pin_host_buffers)
         self._grammar_pending: list[Request] = []  # engine thread only: waiting for their grammar
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}    # submitted and not yet finished (guarded by _lock)
@@ -95,8 +96,7 @@ class Engine:
         self.generation_tokens = 0
         self.last_step_seconds = 0.0
         self.last_batch_size = 0
-        if self.device.type == "cpu":
-            retain_freed_memory()  # before the loop thread exists, so that it shares the main arena
+        self.platform.prepare_process()  # before the loop thread exists (e.g. it shares malloc's arena)
         # The loop thread builds the model as well as running it: a second thread doing torch work
         # gets its own OpenMP team, and two teams on these few cores make every step ~1.6x slower.
         ready = threading.Event()
@@ -112,23 +112,23 @@ class Engine:
     def _build(self, files: ModelFiles) -> None:
         config, mc, p = self.config, files.config, self.config.page_size
         self.model = LlamaForCausalLM(mc, files.weights, self.dtype, self.device, files.int4)
-        num_tokens = kv_cache_tokens(config, mc, self.dtype, self.device)
+        num_tokens = kv_cache_tokens(config, mc, self.dtype, self.platform.free_memory_bytes())
         self.pool = KVPagePool(num_tokens // p, p)
         self.kv_cache = KVCache(mc.num_layers, self.pool.num_pages, p, mc.num_kv_heads, mc.head_dim,
                                 self.dtype, self.device)
         table = RequestPageTable(config.max_running_requests, -(-mc.max_context_len // p), self.device)
         self.kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache)
         self.scheduler = Scheduler(config, self.kv)
-        attention = make_attention_backend(config.attention_backend, self.kv_cache, mc.head_dim)
-        self.runner = ModelRunner(self.model, attention, table, p, self.kv_cache.pad_page, self.device)
-        if self.device.type == "cuda" and not config.disable_cuda_graph and self.runner.kernel_metadata:
+        attention = make_attention_backend(config.attention_backend, self.kv_cache, table.table, mc.num_heads)
+        self.runner = ModelRunner(self.model, attention, p, self.kv_cache.pad_page, self.device)
+        if self.platform.decode_graphs and not config.disable_cuda_graph and attention.supports_decode_graphs:
             self.runner.enable_decode_graphs(config.max_running_requests, mc.max_context_len)
             # capture wrote dummy K/V into the padding page (replays keep doing so for padding rows;
             # the Triton kernels never read it): zeroed, as the KV cache promises, after start-up
             self.kv_cache.k[:, self.kv_cache.pad_page].zero_()
             self.kv_cache.v[:, self.kv_cache.pad_page].zero_()
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids, seed=config.seed)
-        self.structured.warm_up(self.device)
+        self.platform.warm_up_kernels(mc.vocab_size)
 
     def _run(self, files: ModelFiles, ready: threading.Event, failure: list) -> None:
         try:
@@ -157,8 +157,6 @@ class Engine:
         rid = request_id or uuid.uuid4().hex
         stream = OutputStream(rid)
         req = Request(rid, ids, params, stream)
-        if params.seed is not None:
-            req.generator = torch.Generator().manual_seed(params.seed)
         req.detok = IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.skip_special_tokens)
         if params.constraint is not None:
             self.structured.start(req)  # an unsupported kind raises here; compile errors arrive later
@@ -379,17 +377,12 @@ class Engine:
         batch.decodes.sort(key=lambda it: it.req.matcher is not None)
         batch.extends.sort(key=lambda it: it.req.matcher is None)
         sampling = [it.req for it in batch.items if it.samples]
-        if self.device.type == "cuda":
-            # the forward only queues kernels: the grammar bitmask is filled on the CPU while they
-            # run, then copied and applied on the device; nothing before the sampler waits
-            logits = self.runner.forward(batch)
-            mask_rows = self.structured.fill(sampling)
-        else:
-            # the forward runs here and now, and streams the weights through every cache: filling
-            # before it, while the matchers' state is still cached from the last accept, takes
-            # half as long (0.22 vs 0.44 ms a step at 32 constrained rows)
+        if self.platform.fill_mask_before_forward:
             mask_rows = self.structured.fill(sampling)
             logits = self.runner.forward(batch)
+        else:  # the forward only queues kernels: the mask is filled on the host while they run
+            logits = self.runner.forward(batch)
+            mask_rows = self.structured.fill(sampling)
         self.structured.apply(logits, mask_rows)
         tokens, logprobs = self.sampler.sample(logits, sampling) if sampling else ([], [])
         self.steps += 1

@@ -1,54 +1,95 @@
-"""The flattened, ragged description of one forward step."""
+"""One forward step: the backend-neutral layout the model runner builds on the host, and the
+device tensors the model runs on.
+
+Attention backends build their own metadata from a `BatchLayout` (`backend.prepare`); the model
+and the runner never look inside it.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
-from radixserve.kernels.paged_attention import ExtendContext, SharedPrefixes
+
+def output_slot(pages: Sequence[int], position: int, page_size: int) -> int:
+    """The KV slot that the token at `position` of a request holding `pages` is written to."""
+    return pages[position // page_size] * page_size + position % page_size
+
+
+@dataclass(frozen=True)
+class DecodeSeq:
+    """A decoding request: one new token, the last of its context."""
+    page_row: int          # its row of the request page table
+    context_len: int       # tokens it attends to, the new one included
+    pages: Sequence[int]   # its KV pages in position order (read only)
+
+
+@dataclass(frozen=True)
+class ExtendSeq:
+    """New tokens of one request: they attend to its cached prefix and causally to each other."""
+    start: int             # first row in the flat token batch
+    length: int            # new tokens
+    prefix_len: int        # tokens already in the KV cache
+    page_row: int
+    pages: Sequence[int]
 
 
 @dataclass
-class ExtendSegment:
-    """A run of new tokens of one request that attends to its cached prefix and causally to itself."""
-    start: int                              # first row in the flat token batch
-    length: int                             # new tokens
-    prefix_len: int                         # tokens already in the KV cache
-    # [prefix_len + length] slots; None when prefix_len == 0 or the backend reads the page table itself
-    context_slots: Optional[torch.Tensor]
-    scored: bool = False                    # the torch path attends to it in one of `scored_extends`
+class BatchLayout:
+    """A step's flat token batch on the host: decode rows first (one token each), then extend
+    segments, no padding between requests."""
+    page_size: int
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    out_slots: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)   # rows whose logits are needed
+    decodes: list[DecodeSeq] = field(default_factory=list)
+    extends: list[ExtendSeq] = field(default_factory=list)
 
+    def add_decode(self, token_ids: Sequence[int], kv_len: int, page_row: int, pages: Sequence[int]) -> None:
+        """The token at position `kv_len` of a request, whose logits are sampled."""
+        self.decodes.append(DecodeSeq(page_row, kv_len + 1, pages))
+        self.sample_rows.append(len(self.ids))
+        self._add_tokens(token_ids, kv_len, 1, pages)
 
-@dataclass
-class ScoredExtend:
-    """Extend segments after one cached prefix that the torch path scores in one call."""
-    rows: torch.Tensor                      # [n] their rows in the flat token batch
-    context: ExtendContext
+    def add_extend(self, token_ids: Sequence[int], kv_len: int, n: int, page_row: int, pages: Sequence[int],
+                   samples: bool) -> None:
+        """Positions kv_len .. kv_len + n - 1 of a request; `samples`: the last one's logits are needed."""
+        self.extends.append(ExtendSeq(len(self.ids), n, kv_len, page_row, pages))
+        self._add_tokens(token_ids, kv_len, n, pages)
+        if samples:
+            self.sample_rows.append(len(self.ids) - 1)
+
+    def _add_tokens(self, token_ids: Sequence[int], start: int, n: int, pages: Sequence[int]) -> None:
+        p = self.page_size
+        self.ids.extend(token_ids[start:start + n])
+        self.positions.extend(range(start, start + n))
+        self.out_slots.extend(output_slot(pages, q, p) for q in range(start, start + n))
+
+    @property
+    def num_decode(self) -> int:
+        return len(self.decodes)
 
 
 @dataclass
 class ForwardBatch:
-    """Decode rows come first (one token each), then extend segments; no padding between requests."""
+    """What the model runs on: the flat token rows on the device, and the attention backend's
+    metadata for them (opaque to everyone but that backend)."""
     input_ids: torch.Tensor                 # [T]
     positions: torch.Tensor                 # [T]
     out_slots: torch.Tensor                 # [T] where each new token's K/V is written
-    num_decode: int
-    decode_kv_rows: Optional[torch.Tensor] = None  # [num_decode, kv_heads, L] (decode_kv_rows) past any shared prefix
-    decode_bias: Optional[torch.Tensor] = None     # [num_decode, 1, 1, L] float32: 0 = attend, -inf = not
-    decode_value_bags: Optional[torch.Tensor] = None  # value_bags(decode_kv_rows), the same for every layer
-    decode_shared: Optional[SharedPrefixes] = None  # cached prefixes that groups of decode rows share
-    extends: list[ExtendSegment] = field(default_factory=list)
-    scored_extends: list[ScoredExtend] = field(default_factory=list)
-    sample_rows: Optional[torch.Tensor] = None  # rows whose logits are needed
-    # Kernel metadata, built only for backends with `needs_kernel_metadata` (the Triton one); the
-    # torch path's decode_* tensors and context_slots are then left None.
-    page_table: Optional[torch.Tensor] = None   # [rows, max_pages] the request page table itself
-    decode_rows: Optional[torch.Tensor] = None  # [num_decode] page-table row of each decode
-    decode_lens: Optional[torch.Tensor] = None  # [num_decode] context length, the new token included
-    decode_max_len: int = 0                     # host-side bound on decode_lens (sizes the split count)
-    extend_meta: Optional[torch.Tensor] = None  # int64 [4, segments]: start row, length, prefix_len, page row
-    extend_max_len: int = 0                     # longest segment (sizes the extend grid)
+    sample_rows: Optional[torch.Tensor]     # rows whose logits are returned; None: all rows
+    attention: Any = None                   # from AttentionBackend.prepare
+
+    @classmethod
+    def of(cls, layout: BatchLayout, attention: Any, device: torch.device) -> "ForwardBatch":
+        """The layout's rows in one host-to-device copy."""
+        t, ns = len(layout.ids), len(layout.sample_rows)
+        flat = torch.tensor(layout.ids + layout.positions + layout.out_slots + layout.sample_rows,
+                            dtype=torch.long).to(device, non_blocking=True)
+        ids, positions, slots, sample_rows = flat.split([t, t, t, ns])
+        return cls(ids, positions, slots, sample_rows, attention)
 
     @property
     def num_tokens(self) -> int:

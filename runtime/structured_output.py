@@ -6,7 +6,6 @@ not pay for importing xgrammar or indexing the vocabulary.
 """
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -15,11 +14,9 @@ from typing import Optional, Sequence
 import torch
 
 from radixserve.grammar import GrammarBackend, GrammarCompiler, GrammarError, GrammarSpec, make_grammar_backend
-from radixserve.kernels.bitmask import apply_token_bitmask_, warm_up_compiled_bitmask
+from radixserve.kernels.bitmask import apply_token_bitmask_
 from radixserve.runtime.request import Request
 from radixserve.runtime.tokenizer import Tokenizer
-
-log = logging.getLogger("radixserve.structured_output")
 
 
 @dataclass
@@ -33,13 +30,15 @@ class MaskTimings:
 
 class StructuredOutput:
     def __init__(self, backend_name: str, tokenizer: Tokenizer, model_vocab_size: int,
-                 stop_token_ids: Sequence[int], max_rows: int, compile_timeout_s: float):
+                 stop_token_ids: Sequence[int], max_rows: int, compile_timeout_s: float,
+                 pin_bitmask: bool = False):
         self.backend_name = backend_name
         self._tokenizer = tokenizer
         self._vocab_size = model_vocab_size
         self._stop_ids = tuple(stop_token_ids)
         self._max_rows = max_rows
         self._timeout = compile_timeout_s
+        self._pin_bitmask = pin_bitmask
         self._lock = threading.Lock()
         self.backend: Optional[GrammarBackend] = None
         self.compiler: Optional[GrammarCompiler] = None
@@ -51,7 +50,8 @@ class StructuredOutput:
             if self.backend is None:
                 vocab = self._tokenizer.vocab_info(self._vocab_size, extra_stop_ids=self._stop_ids)
                 backend = make_grammar_backend(self.backend_name, vocab)
-                self.bitmask = backend.allocate_bitmask(self._max_rows)  # one allocation, reused every step
+                # one allocation, reused every step
+                self.bitmask = backend.allocate_bitmask(self._max_rows, pin_memory=self._pin_bitmask)
                 self.compiler = GrammarCompiler(backend, timeout_s=self._timeout)
                 self.backend = backend
             return self.backend
@@ -64,16 +64,6 @@ class StructuredOutput:
         req.grammar = self.compiler.submit(spec)
 
     # ---- engine thread --------------------------------------------------------
-    def warm_up(self, device: torch.device) -> None:
-        """Compile the CPU mask kernel at start-up, so that the first constrained step does not
-        stall the batch for it. On the engine thread: the kernel's OpenMP team must be its own."""
-        if device.type != "cpu":
-            return
-        t0 = time.perf_counter()
-        compiled = warm_up_compiled_bitmask(self._vocab_size)
-        log.info("token-bitmask kernel %s in %.1f s", "compiled" if compiled else "unavailable (eager path)",
-                 time.perf_counter() - t0)
-
     def poll(self, pending: list[Request]) -> tuple[list[Request], list[tuple[Request, str, str]]]:
         """Split pending requests into (ready, failed with message and error kind); the rest stay pending."""
         ready, failed, still = [], [], []

@@ -76,25 +76,25 @@ def test_page_size_16_equals_page_size_1(make_engine, prompts, reference):
 def test_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, prompts, reference, monkeypatch):
     # the prompts share ~60 tokens: too few for the production thresholds, so they are lowered
     # to make every group with a shared page attend to it once
-    import radixserve.runtime.model_runner as model_runner
-    monkeypatch.setattr(model_runner, "MIN_SHARED_DECODE_SAVING", 1)
-    monkeypatch.setattr(model_runner, "MIN_GROUP_SAVING", 1)
+    import radixserve.runtime.attention_torch as attention_torch
+    monkeypatch.setattr(attention_torch, "MIN_SHARED_DECODE_SAVING", 1)
+    monkeypatch.setattr(attention_torch, "MIN_GROUP_SAVING", 1)
     shared_groups = []
-    make_groups = model_runner.shared_prefix_groups
+    make_groups = attention_torch.shared_prefix_groups
 
     def recording_groups(reqs, page_size):
         groups = make_groups(reqs, page_size)
         shared_groups.extend(groups)
         return groups
 
-    monkeypatch.setattr(model_runner, "shared_prefix_groups", recording_groups)
+    monkeypatch.setattr(attention_torch, "shared_prefix_groups", recording_groups)
     kept_layers = []   # layers whose gathered prefix K/V each step found kept from the step before
-    of_groups = model_runner.SharedPrefixes.of_groups
+    of_groups = attention_torch.SharedPrefixes.of_groups
     def recording_of_groups(*args, layer_kv):
         kept_layers.append(len(layer_kv))
         return of_groups(*args, layer_kv=layer_kv)
 
-    monkeypatch.setattr(model_runner.SharedPrefixes, "of_groups", staticmethod(recording_of_groups))
+    monkeypatch.setattr(attention_torch.SharedPrefixes, "of_groups", staticmethod(recording_of_groups))
     engine = make_engine(page_size=4)
     batched(engine, prompts[:1])        # caches the system prompt
     # requests end at different steps, so the groups change; the last two share a longer prefix
@@ -108,15 +108,15 @@ def test_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, 
 
 def test_prefills_after_one_cached_prefix_scored_together_equal_one_by_one(make_engine, prompts, reference,
                                                                           monkeypatch):
-    import radixserve.runtime.model_runner as model_runner
+    import radixserve.runtime.attention_torch as attention_torch
     together = []   # segments per scored extend call
-    make_context = model_runner.extend_context
+    make_context = attention_torch.extend_context
 
     def recording_context(prefix_slots, new_slots, kv_heads, heads):
         together.append(len(new_slots))
         return make_context(prefix_slots, new_slots, kv_heads, heads)
 
-    monkeypatch.setattr(model_runner, "extend_context", recording_context)
+    monkeypatch.setattr(attention_torch, "extend_context", recording_context)
     engine = make_engine()
     batched(engine, prompts[:1])        # caches the system prompt
     assert batched(engine, prompts) == reference

@@ -2,7 +2,7 @@
 import numpy as np
 import torch
 
-from radixserve.runtime.models.llama import Linear, pack_int4
+from radixserve.runtime.platform import get_platform
 
 
 def test_int4_form_reconstructs_dequantised_weights(default_model_files):
@@ -19,7 +19,8 @@ def test_int4_matmul_matches_bf16_matmul_on_real_weights(default_model_files):
     files = default_model_files
     name = "model.layers.3.mlp.gate_proj.weight"
     w = files.weights[name].bfloat16()
-    lin = Linear(w, int4=pack_int4([files.int4[name]]))
+    lin = get_platform(torch.device("cpu")).linear(w, int4_parts=[files.int4[name]])
+    assert lin.int4 is not None
     x = torch.randn(2, w.shape[1], generator=torch.Generator().manual_seed(0)).bfloat16()
     ref = x.float() @ files.weights[name].t()
     # both sides round to bf16 (weights or scales, and the output): about 2^-8 of the output scale

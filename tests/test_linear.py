@@ -1,8 +1,10 @@
-"""The model's Linear picks a weight form per batch size; every form must compute the same product."""
+"""The CPU platform's linear picks a weight form per batch size; every form must compute the same product."""
 import torch
 import torch.nn.functional as F
 
-from radixserve.runtime.models.llama import Linear
+from radixserve.runtime.platform import get_platform
+
+Linear = get_platform(torch.device("cpu")).linear
 
 
 def test_bf16_linear_equals_plain_linear_for_small_and_large_batches():

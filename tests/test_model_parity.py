@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.kernels.paged_attention import attention_bias, decode_kv_rows
-from radixserve.runtime.attention import TorchAttentionBackend
-from radixserve.runtime.forward_batch import ExtendSegment, ForwardBatch
+from radixserve.runtime.attention_torch import TorchAttentionBackend
+from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
 from radixserve.runtime.kv_cache import KVCache
 from radixserve.runtime.models.llama import LlamaForCausalLM
 from radixserve.runtime.models.loader import load_model_files
@@ -26,26 +25,26 @@ def our_logits(model_path, ids: list[int], page_size: int) -> tuple[torch.Tensor
     files = load_model_files(str(model_path))
     cfg = files.config
     model = LlamaForCausalLM(cfg, files.weights, torch.float32, torch.device("cpu"))
-    pages = 32
-    kv = KVCache(cfg.num_layers, pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu"))
-    attn = TorchAttentionBackend(kv, cfg.head_dim)
+    num_pages = 32
+    kv = KVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu"))
     # pages in reverse order so that positions do not map to slots trivially
-    order = list(range(pages - 1, -1, -1))
-    slot = lambda pos: order[pos // page_size] * page_size + pos % page_size  # noqa: E731
+    pages = list(range(num_pages - 1, -1, -1))
+    table = torch.tensor([pages])
+    attn = TorchAttentionBackend(kv, table, cfg.num_heads)
+
+    def run(layout: BatchLayout) -> torch.Tensor:
+        return model.forward(ForwardBatch.of(layout, attn.prepare(layout), torch.device("cpu")), attn)
+
     n = len(PROMPT)
-    prefill = ForwardBatch(
-        input_ids=torch.tensor(ids[:n]), positions=torch.arange(n), out_slots=torch.tensor([slot(i) for i in range(n)]),
-        num_decode=0, extends=[ExtendSegment(0, n, 0, None)])
-    first = model.forward(prefill, attn)
+    prefill = BatchLayout(page_size)
+    prefill.add_extend(ids, 0, n, 0, pages, samples=False)
+    prefill.sample_rows = list(range(n))   # every position's logits
+    first = run(prefill)
     steps = []
     for pos in range(n, len(ids)):
-        n_pages = pos // page_size + 1
-        attend = (torch.arange(n_pages * page_size) <= pos)[None, None, None, :]
-        step = ForwardBatch(
-            input_ids=torch.tensor([ids[pos]]), positions=torch.tensor([pos]), out_slots=torch.tensor([slot(pos)]),
-            num_decode=1, decode_kv_rows=decode_kv_rows(torch.tensor([order[:n_pages]]), page_size, cfg.num_kv_heads),
-            decode_bias=attention_bias(attend))
-        steps.append(model.forward(step, attn)[0])
+        step = BatchLayout(page_size)
+        step.add_decode(ids, pos, 0, pages)
+        steps.append(run(step)[0])
     return first, steps
 
 

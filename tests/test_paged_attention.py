@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.kernels.paged_attention import (SharedPrefixes, attention_bias, decode_attention, decode_kv_rows, extend_attention,
-                                     extend_context, scored_extend_attention)
-from radixserve.runtime.model_runner import MIN_GROUP_SAVING, MIN_SHARED_DECODE_SAVING, shared_prefix_groups
-from radixserve.runtime.request import OutputStream, Request
-from radixserve.runtime.sampling_params import SamplingParams
+from radixserve.kernels.paged_attention import (SharedPrefixes, attention_bias, decode_attention, decode_kv_rows,
+                                                extend_attention, extend_context, scored_extend_attention)
+from radixserve.runtime.attention_torch import MIN_GROUP_SAVING, MIN_SHARED_DECODE_SAVING, shared_prefix_groups
+from radixserve.runtime.forward_batch import DecodeSeq
 
 PAGE, KV_HEADS, HEADS, DIM = 4, 2, 6, 16
 
@@ -59,10 +58,8 @@ def padded(page_lists: list[list[int]]) -> torch.Tensor:
     return torch.tensor([pages + [0] * (width - len(pages)) for pages in page_lists])
 
 
-def decoding(pages: list[int], kv_len: int) -> Request:
-    req = Request("r", list(range(kv_len + 1)), SamplingParams(), OutputStream("r"))
-    req.pages, req.kv_len = pages, kv_len
-    return req
+def decoding(pages: list[int], kv_len: int) -> DecodeSeq:
+    return DecodeSeq(page_row=0, context_len=kv_len + 1, pages=pages)
 
 
 def test_decodes_on_the_same_cached_pages_form_one_group_sharing_them():

@@ -40,9 +40,10 @@ def test_auto_backend_is_torch_on_cpu_and_triton_on_cuda():
 def test_triton_backend_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     kv = KVCache(1, 2, 16, 1, 16, torch.float32, torch.device("cpu"))
+    table = torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(ValueError, match="CUDA"):
-        make_attention_backend("triton", kv, 16)
-    assert isinstance(make_attention_backend("auto", kv, 16), TorchAttentionBackend)
+        make_attention_backend("triton", kv, table, 1)
+    assert isinstance(make_attention_backend("auto", kv, table, 1), TorchAttentionBackend)
 
 
 def test_config_accepts_triton_backend_and_rejects_unknown():

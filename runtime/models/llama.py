@@ -5,70 +5,33 @@ keep the CPU decode step short. q/k/v and gate/up projections are fused.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from radixserve.runtime.forward_batch import ForwardBatch
 from radixserve.runtime.models.config import ModelConfig
 from radixserve.runtime.models.rope import apply_rope, cos_sin_table
-
-
-# At up to this many tokens a step is bound by reading weights, and the 4-bit form reads 4x fewer
-# bytes (measured here: 3.5 ms vs 16.6 ms for all SmolLM2 layers at one token); above it, bf16 AMX wins.
-INT4_MAX_TOKENS = 8
-
-
-class Linear:
-    """y = x W^T + b, choosing per call the weight form that is fastest for the batch size."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, int4=None):
-        self.weight, self.bias = weight, bias
-        self.int4 = int4  # (packed weight, group size, scales and zeros) or None
-        # bf16 on CPU: oneDNN's blocked weight layout, packed once, is ~1.4x faster than F.linear
-        # at 16-256 tokens (measured here on this model's shapes) and gives identical results.
-        self.onednn = None
-        if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and torch.backends.mkldnn.is_available():
-            self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int4 is not None and x.shape[0] <= INT4_MAX_TOKENS:
-            packed, group, scales_zeros = self.int4
-            y = torch._weight_int4pack_mm_for_cpu(x, packed, group, scales_zeros)
-            return y if self.bias is None else y + self.bias
-        if self.onednn is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.onednn, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
-
-
-def pack_int4(parts: list) -> tuple | None:
-    """Concatenate Int4Weights along the output dim and pack them for the CPU int4 matmul."""
-    if not parts or any(p is None for p in parts):
-        return None
-    q = torch.from_numpy(np.concatenate([p.q for p in parts])).to(torch.int32)
-    scale = torch.from_numpy(np.concatenate([p.scale for p in parts]))
-    zero = torch.from_numpy(np.concatenate([p.zero for p in parts]))
-    scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)
-    return torch._convert_weight_to_int4pack_for_cpu(q, 1), parts[0].group, scales_zeros
+from radixserve.runtime.platform import Platform, get_platform
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], index: int, int4: dict | None):
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], index: int, int4: dict, platform: Platform):
         p = f"model.layers.{index}."
         a = p + "self_attn."
-        q4 = (lambda *names: pack_int4([int4.get(n + ".weight") for n in names])) if int4 else (lambda *n: None)
+        q4 = lambda *names: [int4.get(n + ".weight") for n in names]  # noqa: E731
+        linear = platform.linear
         qkv_w = torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]])
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
-        self.qkv = Linear(qkv_w, qkv_b, q4(a + "q_proj", a + "k_proj", a + "v_proj"))
-        self.o = Linear(w[a + "o_proj.weight"], w.get(a + "o_proj.bias"), q4(a + "o_proj"))
+        self.qkv = linear(qkv_w, qkv_b, q4(a + "q_proj", a + "k_proj", a + "v_proj"))
+        self.o = linear(w[a + "o_proj.weight"], w.get(a + "o_proj.bias"), q4(a + "o_proj"))
         self.q_norm = w[a + "q_norm.weight"] if cfg.qk_norm else None
         self.k_norm = w[a + "k_norm.weight"] if cfg.qk_norm else None
         m = p + "mlp."
-        self.gate_up = Linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]),
-                              int4=q4(m + "gate_proj", m + "up_proj"))
-        self.down = Linear(w[m + "down_proj.weight"], int4=q4(m + "down_proj"))
+        self.gate_up = linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]),
+                              int4_parts=q4(m + "gate_proj", m + "up_proj"))
+        self.down = linear(w[m + "down_proj.weight"], int4_parts=q4(m + "down_proj"))
         # norms run on the float32 residual stream: bf16 cannot carry this family's outlier activations
         self.input_norm = w[p + "input_layernorm.weight"].float()
         self.post_attn_norm = w[p + "post_attention_layernorm.weight"].float()
@@ -102,16 +65,16 @@ class DecoderLayer:
 class LlamaForCausalLM:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device, int4: dict | None = None):
-        """`int4`: exact 4-bit forms of some weights (from Q4 GGUF files), used for small bf16 CPU batches."""
+        """`int4`: exact 4-bit forms of some weights (from Q4 GGUF files), which the device's
+        platform may use in place of the dequantised weights."""
         self.cfg = cfg
-        if not (int4 and dtype == torch.bfloat16 and device.type == "cpu"):
-            int4 = None
         self.dtype, self.device = dtype, device
+        platform = get_platform(device)
         w = {k: t.to(device=device, dtype=dtype) for k, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
-        self.layers = [DecoderLayer(cfg, w, i, int4) for i in range(cfg.num_layers)]
+        self.layers = [DecoderLayer(cfg, w, i, int4 or {}, platform) for i in range(cfg.num_layers)]
         self.norm = w["model.norm.weight"].float()
-        self.lm_head = Linear(self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in w
+        self.lm_head = platform.linear(self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in w
                               else w["lm_head.weight"])
         self.cos, self.sin = cos_sin_table(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                                            cfg.max_context_len, dtype, device)
