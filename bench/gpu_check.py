@@ -59,9 +59,9 @@ try:
 except ImportError as e:  # pragma: no cover - only while internals move
     KERNELS_IMPORT_ERROR = f"{type(e).__name__}: {e}"
 try:
-    from radixserve.runtime.attention import TritonAttentionBackend
+    from radixserve.runtime.attention_triton import TritonAttentionBackend
     from radixserve.runtime.cuda_graph import DecodeGraphRunner
-    from radixserve.runtime.forward_batch import ExtendSegment, ForwardBatch
+    from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
     from radixserve.runtime.kv_cache import KVCache
     from radixserve.runtime.models.llama import LlamaForCausalLM
     from radixserve.runtime.models.random_init import random_weights
@@ -219,28 +219,24 @@ def _num_sms(device) -> int:
 
 
 # ---- 3. decode throughput ----------------------------------------------------------------------
-def decode_batch(ids, lens, slots, table) -> ForwardBatch:
-    """Decode rows with the Triton backend's metadata (what ModelRunner builds), one copy."""
-    n, dev = len(ids), table.device
-    flat = torch.tensor(ids + [x - 1 for x in lens] + slots + list(range(n)) + lens, dtype=torch.long).to(dev)
-    i, pos, out, rows, ln = flat.split([n] * 5)
-    return ForwardBatch(input_ids=i, positions=pos, out_slots=out, num_decode=n, sample_rows=None,
-                        page_table=table, decode_rows=rows, decode_lens=ln, decode_max_len=max(lens))
+def run_layout(model, attn, layout, device):
+    """One forward of a layout, as ModelRunner runs it: the backend builds its own metadata."""
+    return model.forward(ForwardBatch.of(layout, attn.prepare(layout), device), attn)
 
 
 def our_decode(model, attn, kv: KVCache, table, batch: int, ctx: int, steps: int, graphs) -> float:
     """Tokens/s over `steps` greedy decode steps of `batch` requests that start at `ctx` tokens."""
-    p = kv.k.shape[2]
     ids, lens = [1] * batch, [ctx + 1] * batch
     host_table = table.tolist()  # slots are computed on the host, as the engine does
 
     def step():
         nonlocal ids
-        slot = [host_table[r][(n - 1) // p] * p + (n - 1) % p for r, n in enumerate(lens)]
-        if graphs is not None:
-            logits = graphs.run([ids, [n - 1 for n in lens], slot, list(range(batch)), lens])
-        else:
-            logits = model.forward(decode_batch(ids, lens, slot, table), attn)
+        layout = BatchLayout(kv.k.shape[2])
+        for r, n in enumerate(lens):
+            layout.add_decode(ids[r], n - 1, r, host_table[r])
+        logits = graphs.run(layout) if graphs is not None else None
+        if logits is None:
+            logits = run_layout(model, attn, layout, table.device)
         ids = logits.argmax(-1).tolist()  # the host sync every engine step has
         for r in range(batch):
             lens[r] += 1
@@ -273,8 +269,8 @@ def check_decode_throughput(s: dict, device) -> tuple[list[dict], object, object
     pages = max(max_b * per_req, s["prefill_requests"] * -(-s["prefill_len"] // p))
     kv = KVCache(cfg.num_layers, pages, p, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     table = torch.arange(max_b * per_req, device=device).view(max_b, per_req)
-    attn = TritonAttentionBackend(kv, cfg.head_dim)
-    graphs = DecodeGraphRunner(model, attn, table, max_b, cfg.max_context_len, kv.pad_page * p,
+    attn = TritonAttentionBackend(kv, table, cfg.num_heads)
+    graphs = DecodeGraphRunner(model, attn, max_b, cfg.max_context_len, kv.pad_page * p, device,
                                capture=device.type == "cuda")
     rows = []
     for b in s["decode_batches"]:
@@ -305,29 +301,20 @@ def add_hf_baseline(rows: list[dict], s: dict, device) -> None:
 
 
 # ---- 4. prefill --------------------------------------------------------------------------------
-def check_prefill(s: dict, model, attn, kv: KVCache, device) -> list[dict]:
+def check_prefill(s: dict, model, kv: KVCache, device) -> list[dict]:
     p, n_req, length = kv.k.shape[2], s["prefill_requests"], s["prefill_len"]
     per_req = -(-length // p)
     table = torch.arange(n_req * per_req, device=device).view(n_req, per_req)
+    attn = TritonAttentionBackend(kv, table, model.cfg.num_heads)   # over this table of prefills
     host_table, rows = table.tolist(), []
     for cached in (0, s["prefill_cached"]):
         new = length - cached
-        ids, positions, slots, meta = [], [], [], [[], [], [], []]
+        layout = BatchLayout(p)
         for r in range(n_req):
-            start = len(ids)
-            ids += [(r * 7 + i) % model.cfg.vocab_size for i in range(new)]
-            positions += list(range(cached, length))
-            slots += [host_table[r][q // p] * p + q % p for q in range(cached, length)]
-            for col, val in zip(meta, (start, new, cached, r)):
-                col.append(val)
-        t = len(ids)
-        flat = torch.tensor(ids + positions + slots + sum(meta, []), dtype=torch.long, device=device)
-        i, pos, out, m = flat.split([t, t, t, 4 * n_req])
-        batch = ForwardBatch(input_ids=i, positions=pos, out_slots=out, num_decode=0,
-                             extends=[ExtendSegment(a, b, c, None) for a, b, c in zip(*meta[:3])],
-                             sample_rows=torch.tensor(meta[0], device=device) + new - 1, page_table=table,
-                             extend_meta=m.view(4, n_req), extend_max_len=new)
-        sec = timed(lambda: model.forward(batch, attn), max(1, s["iters"] // 4), device)
+            tokens = [(r * 7 + i) % model.cfg.vocab_size for i in range(length)]
+            layout.add_extend(tokens, cached, new, r, host_table[r], samples=True)
+        t = len(layout.ids)
+        sec = timed(lambda: run_layout(model, attn, layout, device), max(1, s["iters"] // 4), device)
         rows.append(dict(requests=n_req, prompt_len=length, cached_prefix=cached, new_tokens_per_s=t / sec,
                          prompt_tokens_per_s=n_req * length / sec, ms=sec * 1e3))
     return rows
@@ -846,7 +833,7 @@ def kernel_checks(rows: list[dict], dtype) -> list[dict]:
 
 def run_throughput(s: dict, device, args, results: dict) -> None:
     rows, model, attn, kv, graphs = check_decode_throughput(s, device)
-    results["prefill"] = check_prefill(s, model, attn, kv, device)
+    results["prefill"] = check_prefill(s, model, kv, device)
     del model, attn, kv, graphs
     if device.type == "cuda":
         torch.cuda.empty_cache()

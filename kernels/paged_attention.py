@@ -200,7 +200,9 @@ def extend_context(prefix_slots: torch.Tensor, new_slots: list[torch.Tensor], kv
     dev = prefix_slots.device
     slots = torch.cat([prefix_slots, *new_slots])
     rows = slots.view(1, -1) * kv_heads + torch.arange(kv_heads, device=dev).view(-1, 1)
-    segment = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev))
+    # output_size given: otherwise the device's count is read back to size the result (a sync)
+    segment = torch.repeat_interleave(torch.arange(len(lens), device=dev), torch.tensor(lens, device=dev),
+                                      output_size=n)
     index = torch.cat([torch.arange(m, device=dev) for m in lens])    # position within its segment
     own = (segment.view(-1, 1) == segment.view(1, -1)) & (index.view(1, -1) <= index.view(-1, 1))
     visible = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool, device=dev), own], dim=1)

@@ -47,11 +47,13 @@ class BatchLayout:
     decodes: list[DecodeSeq] = field(default_factory=list)
     extends: list[ExtendSeq] = field(default_factory=list)
 
-    def add_decode(self, token_ids: Sequence[int], kv_len: int, page_row: int, pages: Sequence[int]) -> None:
-        """The token at position `kv_len` of a request, whose logits are sampled."""
-        self.decodes.append(DecodeSeq(page_row, kv_len + 1, pages))
+    def add_decode(self, token: int, position: int, page_row: int, pages: Sequence[int]) -> None:
+        """A request's newest token, at `position`; its logits are sampled."""
+        self.decodes.append(DecodeSeq(page_row, position + 1, pages))
         self.sample_rows.append(len(self.ids))
-        self._add_tokens(token_ids, kv_len, 1, pages)
+        self.ids.append(token)
+        self.positions.append(position)
+        self.out_slots.append(output_slot(pages, position, self.page_size))
 
     def add_extend(self, token_ids: Sequence[int], kv_len: int, n: int, page_row: int, pages: Sequence[int],
                    samples: bool) -> None:

@@ -35,7 +35,7 @@ class ModelRunner:
         layout = BatchLayout(self.page_size)
         for item in batch.decodes:
             r = item.req
-            layout.add_decode(r.token_ids, r.kv_len, r.page_row, r.pages)
+            layout.add_decode(r.token_ids[r.kv_len], r.kv_len, r.page_row, r.pages)
         for item in batch.extends:
             r = item.req
             layout.add_extend(r.token_ids, r.kv_len, item.num_tokens, r.page_row, r.pages, item.samples)

@@ -43,7 +43,7 @@ def our_logits(model_path, ids: list[int], page_size: int) -> tuple[torch.Tensor
     steps = []
     for pos in range(n, len(ids)):
         step = BatchLayout(page_size)
-        step.add_decode(ids, pos, 0, pages)
+        step.add_decode(ids[pos], pos, 0, pages)
         steps.append(run(step)[0])
     return first, steps
 
