@@ -1,6 +1,7 @@
 """Sampling helpers for the CPU path."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 # torch's argmax / max(dim) over a vocabulary-sized row run at ~5 GB/s on this CPU, ~20x slower
@@ -25,3 +26,26 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     body_max = chunk_max.gather(1, chunk.unsqueeze(1)).squeeze(1)
     tail_wins = (tail_max > body_max) | (tail_max.isnan() & ~body_max.isnan())
     return torch.where(tail_wins, tail_at + n * ARGMAX_CHUNK, best)
+
+
+# torch's CPU sort runs ~7x slower here than numpy's vectorised one (8 rows x 49,152: 17.7 vs 2.4 ms),
+# and its topk 3-5x slower than numpy's introselect once k reaches the thousands (at k = 50 they
+# tie): CPU float rows go through numpy, other devices stay in torch.
+def _numpy_ok(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.shape[-1] > 0
+
+
+def sort_desc(x: torch.Tensor) -> torch.Tensor:
+    """x.sort(-1, descending=True).values of a 2-D tensor."""
+    if not _numpy_ok(x):
+        return x.sort(dim=-1, descending=True).values
+    return torch.from_numpy(-np.sort(-x.detach().numpy(), axis=-1))
+
+
+def topk_values(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x.topk(k, -1).values of a 2-D tensor: the k largest of each row, best first."""
+    if not _numpy_ok(x) or k >= x.shape[1]:
+        return x.topk(k, dim=-1).values
+    a = x.detach().numpy()
+    tail = np.partition(a, a.shape[1] - k, axis=-1)[:, a.shape[1] - k:]
+    return torch.from_numpy(-np.sort(-tail, axis=-1))

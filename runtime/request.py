@@ -133,7 +133,6 @@ class Request:
     first_admitted: bool = False
     preemptions: int = 0                   # times this request was preempted (it resumes from the tree)
     held_steps: int = 0                    # steps it waited for another request to prefill a shared prefix
-    generator: Any = None                  # torch.Generator when seeded
     detok: Any = None                      # IncrementalDetokenizer
     finish_reason: Optional[str] = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
