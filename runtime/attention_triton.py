@@ -15,6 +15,7 @@ import torch
 from radixserve.kernels import triton_attention as ta
 from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
 from radixserve.runtime.kv_cache import KVCache
+from radixserve.runtime.platform import get_platform
 
 
 @dataclass
@@ -49,8 +50,8 @@ class TritonAttentionBackend:
         dec_lens = [d.context_len for d in layout.decodes]
         columns = [[s.start for s in layout.extends], [s.length for s in layout.extends],
                    [s.prefix_len for s in layout.extends], [s.page_row for s in layout.extends]]
-        flat = torch.tensor([d.page_row for d in layout.decodes] + dec_lens + sum(columns, []),
-                            dtype=torch.long).to(self.device, non_blocking=True)
+        flat = get_platform(self.device).upload([d.page_row for d in layout.decodes] + dec_lens + sum(columns, []),
+                                                torch.long)
         rows, lens, extend = flat.split([nd, nd, 4 * ne])
         meta = self.decode_metadata(rows, lens, max(dec_lens, default=0)) if nd else TritonAttentionMetadata(0)
         if ne:

@@ -11,6 +11,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from radixserve.runtime.platform import get_platform
+
 
 def output_slot(pages: Sequence[int], position: int, page_size: int) -> int:
     """The KV slot that the token at `position` of a request holding `pages` is written to."""
@@ -88,8 +90,8 @@ class ForwardBatch:
     def of(cls, layout: BatchLayout, attention: Any, device: torch.device) -> "ForwardBatch":
         """The layout's rows in one host-to-device copy."""
         t, ns = len(layout.ids), len(layout.sample_rows)
-        flat = torch.tensor(layout.ids + layout.positions + layout.out_slots + layout.sample_rows,
-                            dtype=torch.long).to(device, non_blocking=True)
+        flat = get_platform(device).upload(layout.ids + layout.positions + layout.out_slots + layout.sample_rows,
+                                           torch.long)
         ids, positions, slots, sample_rows = flat.split([t, t, t, ns])
         return cls(ids, positions, slots, sample_rows, attention)
 

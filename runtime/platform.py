@@ -66,10 +66,18 @@ class Platform:
     def warm_up_kernels(self, vocab_size: int) -> None:
         """Compile what the first step would otherwise stall on."""
 
+    def upload(self, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
+        """Host values (a step's indices or parameters) as one tensor on the device."""
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
 
 class CudaPlatform(Platform):
     pin_host_buffers = True
     decode_graphs = True
+
+    def upload(self, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
+        # from pageable memory the copy would wait for the stream, i.e. for the forward still queued
+        return torch.tensor(values, dtype=dtype).pin_memory().to(self.device, non_blocking=True)
 
     def default_attention_backend(self) -> str:
         from radixserve.kernels import triton_attention

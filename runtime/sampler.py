@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 import torch
 
 from radixserve.kernels.sampling import argmax_rows, sort_desc, topk_values
+from radixserve.runtime.platform import get_platform
 from radixserve.runtime.request import Request, TokenLogprob
 
 _M64 = (1 << 64) - 1
@@ -99,10 +100,7 @@ class _Pack:
     def upload(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if not self.values:
             return torch.empty(0, dtype=dtype, device=device)
-        if device.type == "cuda":
-            # a pageable host-to-device copy waits for the stream, i.e. for the forward still running
-            return torch.tensor(self.values, dtype=dtype).pin_memory().to(device, non_blocking=True)
-        return torch.tensor(self.values, dtype=dtype, device=device)
+        return get_platform(device).upload(self.values, dtype)
 
 
 @dataclass
