@@ -24,10 +24,8 @@ from typing import Callable
 
 import torch
 
-try:  # what the engine does to malloc at start, so that multi-MB temporaries do not fault in pages each step
-    from radixserve.runtime.platform import retain_freed_memory
-except ImportError:
-    from radixserve.runtime.device import retain_freed_memory
+# what the engine does to malloc at start, so that multi-MB temporaries do not fault in pages each step
+from radixserve.runtime.platform import retain_freed_memory
 from radixserve.runtime.request import OutputStream, Request
 from radixserve.runtime.sampler import Sampler
 from radixserve.runtime.sampling_params import SamplingParams
