@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 from radixserve.runtime.models.llama import LlamaForCausalLM  # noqa: E402
 from radixserve.runtime.models.loader import load_model_files  # noqa: E402
+from radixserve.runtime.platform import cpu_flags  # noqa: E402
 
 CONTEXT = 300
 BATCHES = (1, 8, 32)
@@ -70,15 +71,6 @@ def kv_bytes(model: LlamaForCausalLM, batch: int, context: int) -> int:
     cfg = model.cfg
     per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(model.dtype).bits // 8
     return batch * context * per_token
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
 
 
 def main() -> None:
