@@ -30,6 +30,9 @@ class EngineConfig:
     disable_cuda_graph: bool = False     # CUDA: run decode steps eagerly instead of replaying graphs
     grammar_backend: str = "xgrammar"    # xgrammar | outlines-core
     grammar_compile_timeout: float = 30.0  # seconds
+    # consecutive failed steps after which the engine stops serving (a CUDA error is sticky: every
+    # later step fails too); the server then exits non-zero so that a supervisor restarts it
+    max_failed_steps: int = 3
     seed: int = 0
     log_level: str = "info"
 
@@ -39,7 +42,7 @@ class EngineConfig:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
 
         for name in ("page_size", "max_running_requests", "max_batched_tokens",
-                     "chunked_prefill_size", "max_waiting_requests"):
+                     "chunked_prefill_size", "max_waiting_requests", "max_failed_steps"):
             positive(name)
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
             raise ValueError("kv-cache-tokens must hold at least one page")
