@@ -2,7 +2,6 @@
 or whole, with structured output and tool calls."""
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from typing import Any, AsyncIterator, Optional
@@ -13,15 +12,12 @@ from starlette.responses import Response
 from radixserve.api import responses
 from radixserve.api.chat_prompt import render_chat_prompt
 from radixserve.api.constraints import request_constraint
-from radixserve.api.errors import APIError, internal_error
 from radixserve.api.generation import Choice, Generation, until_disconnected
 from radixserve.api.logprobs import chat_logprobs
 from radixserve.api.protocol import ChatCompletionRequest
 from radixserve.api.sampling import choice_seed, resolve_max_tokens, sampling_params
 from radixserve.api.state import ServerState
 from radixserve.api.tools import ToolCall, ToolCallParser, plan_tools
-
-log = logging.getLogger("radixserve.api")
 
 # Engine error fields as the chat request names them.
 _RENAMES = {"prompt": "messages", "logprobs": "top_logprobs"}
@@ -67,12 +63,6 @@ class _ChatReply:
             return "tool_calls"
         return choice.finish_reason
 
-    def _fail_if_broken(self, choice: Choice) -> None:
-        if choice.finish_reason == "error":
-            log.error("request %s failed in the engine: %s", choice.request_id, choice.error)
-            raise internal_error(choice.request_id)
-        if choice.finish_reason == "abort":  # not the client's doing: the engine is shutting down
-            raise APIError(503, "the request was aborted: the server is shutting down", code="aborted")
 
     # ---- whole reply ---------------------------------------------------------------------
     async def whole(self, http: Request) -> dict[str, Any]:
@@ -88,9 +78,9 @@ class _ChatReply:
                         events[choice.index] += parser.finish()
 
         await until_disconnected(http, collect(), on_disconnect=self.gen.abort)
+        self.gen.check_whole()
         choices = []
         for c in self.gen.choices:
-            self._fail_if_broken(c)
             reason = self._finish_reason(c)
             c.timer.finish(reason)
             if self.parsers[c.index] is None:

@@ -1,7 +1,6 @@
 """POST /v1/completions: one or more prompts (text or token ids) × n choices, streamed or whole."""
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from typing import Any, AsyncIterator, Union
@@ -11,14 +10,12 @@ from starlette.responses import Response
 
 from radixserve.api import responses
 from radixserve.api.constraints import request_constraint
-from radixserve.api.errors import APIError, bad_request, internal_error
+from radixserve.api.errors import bad_request
 from radixserve.api.generation import Choice, Generation, until_disconnected
 from radixserve.api.logprobs import completion_logprobs
 from radixserve.api.protocol import CompletionRequest
 from radixserve.api.sampling import choice_seed, resolve_max_tokens, sampling_params
 from radixserve.api.state import ServerState
-
-log = logging.getLogger("radixserve.api")
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 
@@ -81,13 +78,9 @@ class _CompletionReply:
                 choice.record(out)
 
         await until_disconnected(http, collect(), on_disconnect=self.gen.abort)
+        self.gen.check_whole()
         choices = []
         for c in self.gen.choices:
-            if c.finish_reason == "error":
-                log.error("request %s failed in the engine: %s", c.request_id, c.error)
-                raise internal_error(c.request_id)
-            if c.finish_reason == "abort":
-                raise APIError(503, "the request was aborted: the server is shutting down", code="aborted")
             c.timer.finish(c.finish_reason)
             text = self.echoes[c.index] + "".join(c.text)
             choices.append(responses.completion_choice(c.index, text, c.finish_reason, self._logprobs(c.logprobs)))

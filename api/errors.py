@@ -70,7 +70,7 @@ def field_path(loc: Sequence[Any]) -> Optional[str]:
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif item == "body" and not parts:
+        elif item in ("body", "query", "path") and not parts:
             continue
         elif isinstance(item, str) and ("[" in item or "-" in item or item in _TYPE_LABELS):
             continue  # e.g. 'list[str]', 'function-after[...]', 'str': the branch, not the field

@@ -13,11 +13,12 @@ from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixserve.api.errors import APIError, bad_request, internal_error, overloaded
+from radixserve.api.errors import RETRY_AFTER_SECONDS, APIError, bad_request, internal_error, overloaded
+from radixserve.api.lifecycle import engine_stopped
 from radixserve.api.metrics import RequestTimer, ServerMetrics
 from radixserve.api.streaming import sse_response
 from radixserve.grammar.spec import GRAMMAR_KINDS, GrammarError
-from radixserve.runtime.engine import Engine, EngineOverloadedError
+from radixserve.runtime.engine import Engine, EngineOverloadedError, EngineStoppedError
 from radixserve.runtime.request import OutputStream, RequestOutput, TokenLogprob
 from radixserve.runtime.sampling_params import SamplingParams
 
@@ -90,6 +91,9 @@ class Generation:
         except EngineOverloadedError as e:
             self.abort()
             raise overloaded(str(e)) from None
+        except EngineStoppedError:
+            self.abort()
+            raise engine_stopped(self.engine.health().fatal_error) from None
         except ValueError as e:
             self.abort()
             raise rename_engine_error(e, self.renames, self.constraint_field) from None
@@ -131,6 +135,19 @@ class Generation:
                 if param and not message.startswith(param):
                     message = f"{param}: {message}"
                 raise bad_request(message, param=param, code="invalid_grammar")
+
+    def check_whole(self) -> None:
+        """Before a whole (non-streamed) reply: an engine failure is a 500. An abort the client did
+        not ask for (the server is shutting down) still answers with the text so far, marked
+        finish_reason "abort", unless nothing was generated: then it is a 503 to retry elsewhere."""
+        for c in self.choices:
+            if c.finish_reason == "error":
+                log.error("request %s failed in the engine: %s", c.request_id, c.error)
+                raise internal_error(c.request_id)
+        if any(c.finish_reason == "abort" for c in self.choices) and not any(c.completion_tokens
+                                                                            for c in self.choices):
+            raise APIError(503, "the request was aborted before any token was generated: the server is "
+                                "shutting down", code="aborted", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     def record(self, choice: Choice, out: RequestOutput) -> Optional[dict]:
         """Record a streamed output; on an engine failure, the error event to send instead (the

@@ -58,6 +58,12 @@ class ServerMetrics:
                               registry=self.registry)
         self.e2e = Histogram("radixserve_e2e_request_latency_seconds", "Time from arrival to the last token",
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.drain = Counter("radixserve_drain_requests",
+                             "HTTP requests in flight at shutdown: finished in time (drained) or aborted at the "
+                             "shutdown timeout", ["outcome"], registry=self.registry)
+
+    def count_drain(self, outcome: str, requests: int) -> None:
+        self.drain.labels(outcome=outcome).inc(requests)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,14 +1,24 @@
 """`radixserve serve`: uvicorn listens at once (`/health` is 503) while the engine loads in a
-background thread; then the server answers and prints what it serves and where."""
+background thread; then the server answers and prints what it serves and where.
+
+SIGTERM / SIGINT drain: new requests get 503, in-flight ones may finish for `--shutdown-timeout`
+seconds, the rest end with finish_reason "abort"; then exit 0. A second signal stops at once. If the
+engine stops serving (its thread died, or steps keep failing), the process exits 1 so that a
+supervisor restarts it.
+"""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
+import uvicorn
+
+from radixserve.api.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WATCHDOG_TIMEOUT, Lifecycle
 from radixserve.runtime.config import EngineConfig
 
 log = logging.getLogger("radixserve")
@@ -23,19 +33,64 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None, help="model id /v1/models reports (default: the model's)")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                    help=f"require this Bearer token on /v1/* (default: ${API_KEY_ENV})")
+    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT,
+                   help="seconds in-flight requests may finish after SIGTERM before they are aborted")
+    p.add_argument("--watchdog-timeout", type=float, default=DEFAULT_WATCHDOG_TIMEOUT,
+                   help="/health fails when the engine loop has made no progress for this many seconds")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, but the first SIGTERM / SIGINT drains before the listener closes (uvicorn would stop
+    accepting at once, and sse-starlette would cut every open stream)."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, shutdown_timeout: float):
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.shutdown_timeout = shutdown_timeout
+        self.exit_code = 0
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._drain_started = False
+
+    async def startup(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._drain_started or self._loop is None:
+            log.warning("second signal: stopping now")
+            self.force_exit = self.should_exit = True
+            return
+        self._drain_started = True
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        try:
+            await self.lifecycle.drain(self.shutdown_timeout)
+        finally:
+            self.should_exit = True
+
+    def stop_failed(self, reason: str) -> None:
+        """The engine cannot serve any more: exit non-zero (from any thread)."""
+        log.critical("%s; exiting so that a supervisor restarts the server", reason)
+        self.exit_code = 1
+        self.should_exit = True
 
 
 def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespace], EngineConfig]) -> int:
-    import uvicorn
-
     from radixserve.api.server import attach_engine, build_app
     from radixserve.runtime.engine import Engine
 
     config = make_config(args)
     config.validate()  # bad flags fail before anything listens
-    app = build_app(None, served_model_name=args.served_model_name, api_key=args.api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5))
+    if not args.shutdown_timeout >= 0:
+        raise ValueError("shutdown-timeout must be >= 0 seconds")
+    if not args.watchdog_timeout > 0:
+        raise ValueError("watchdog-timeout must be > 0 seconds")
+    app = build_app(None, served_model_name=args.served_model_name, api_key=args.api_key,
+                    watchdog_timeout=args.watchdog_timeout)
+    server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=5),
+                            app.state.server.lifecycle, args.shutdown_timeout)
     loaded: list[Engine] = []
     failure: list[BaseException] = []
 
@@ -57,6 +112,7 @@ def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespac
               f"loaded in {time.monotonic() - t0:.1f} s", flush=True)
         print(f"radixserve: ready at {_url(args.host, args.port)}/v1"
               + (" (API key required)" if args.api_key else ""), flush=True)
+        watch_engine(engine, server)
 
     print(f"radixserve: loading the model; listening on {_url(args.host, args.port)} "
           "(/health answers 503 until it is loaded)", flush=True)
@@ -72,7 +128,24 @@ def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespac
             engine.shutdown()
     if failure:
         raise failure[0]
-    return 0
+    return server.exit_code
+
+
+WATCH_SECONDS = 0.5
+
+
+def watch_engine(engine, server: DrainingServer) -> None:
+    """Ends the process (exit 1) once the engine stops serving while the server still runs."""
+    def watch() -> None:
+        while not server.should_exit:
+            health = engine.health()
+            if not health.alive:
+                if not server.should_exit:
+                    server.stop_failed(f"the engine stopped: {health.fatal_error or 'its loop thread ended'}")
+                return
+            time.sleep(WATCH_SECONDS)
+
+    threading.Thread(target=watch, name="radixserve-watchdog", daemon=True).start()
 
 
 def _url(host: str, port: int) -> str:

@@ -5,9 +5,12 @@
 """
 from __future__ import annotations
 
+import asyncio
+import time
+import uuid
 from typing import Optional
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
@@ -16,24 +19,30 @@ from radixserve.api.auth import BearerAuthMiddleware
 from radixserve.api.chat import create_chat_completion
 from radixserve.api.chat_prompt import render_chat_prompt
 from radixserve.api.completions import create_completion
-from radixserve.api.errors import bad_request, install_error_handlers, loading
+from radixserve.api.errors import APIError, bad_request, install_error_handlers
 from radixserve.api.generation import ClientDisconnected
+from radixserve.api.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, DrainGate
 from radixserve.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from radixserve.api.state import ServerState
-from radixserve.runtime.engine import Engine
+from radixserve.runtime.engine import Engine, EngineStoppedError
+from radixserve.runtime.sampling_params import SamplingParams
 
 # nginx's "client closed request": nobody reads it, it only shows in the access log.
 CLIENT_CLOSED_REQUEST = 499
 
+HEALTH_PROMPT = "ping"
+HEALTH_GENERATE_TIMEOUT = 10.0  # seconds
+
 
 def build_app(engine: Optional[Engine] = None, served_model_name: Optional[str] = None,
-              api_key: Optional[str] = None) -> FastAPI:
-    state = ServerState(engine, served_model_name, api_key)
+              api_key: Optional[str] = None, watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT) -> FastAPI:
+    state = ServerState(engine, served_model_name, api_key, watchdog_timeout)
     app = FastAPI(title="radixserve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
     install_error_handlers(app)
     if state.api_key:
         app.add_middleware(BearerAuthMiddleware, api_key=state.api_key)
+    app.add_middleware(DrainGate, lifecycle=state.lifecycle)  # outermost: a draining server refuses first
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_: Request, __: ClientDisconnected) -> Response:
@@ -55,9 +64,33 @@ def build_app(engine: Optional[Engine] = None, served_model_name: Optional[str] 
 
     @app.get("/health")
     async def health() -> Response:
-        if not state.ready:
-            return loading().response()
-        return JSONResponse({"status": "ok"})
+        """200 while the engine loop runs and has made progress within the watchdog timeout."""
+        problem = state.lifecycle.health_problem()
+        return problem.response() if problem else JSONResponse({"status": "ok"})
+
+    @app.get("/health/generate")
+    async def health_generate(timeout: float = Query(default=HEALTH_GENERATE_TIMEOUT, gt=0, le=300)) -> Response:
+        """One token generated through the engine, within `timeout` seconds."""
+        problem = state.lifecycle.health_problem()
+        if problem:
+            return problem.response()
+        engine = state.require_engine()
+        rid = "health-" + uuid.uuid4().hex
+        t0 = time.monotonic()
+        try:
+            stream = engine.submit(HEALTH_PROMPT, SamplingParams(max_tokens=1, temperature=0.0), request_id=rid)
+        except EngineStoppedError:
+            return state.lifecycle.health_problem().response()
+        try:
+            last = await asyncio.wait_for(_final_output(stream), timeout)
+        except asyncio.TimeoutError:
+            engine.abort(rid)
+            return APIError(503, f"the engine generated no token within {timeout:g} s",
+                            code="engine_stalled").response()
+        if last.finish_reason not in ("stop", "length"):
+            return APIError(503, f"the test generation ended with {last.finish_reason}: {last.error or ''}".strip(),
+                            code="engine_failing").response()
+        return JSONResponse({"status": "ok", "seconds": round(time.monotonic() - t0, 4)})
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -86,6 +119,13 @@ def build_app(engine: Optional[Engine] = None, served_model_name: Optional[str] 
         return {"prompt": engine.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     return app
+
+
+async def _final_output(stream):
+    last = None
+    async for out in stream:
+        last = out
+    return last
 
 
 def attach_engine(app: FastAPI, engine: Engine) -> None:

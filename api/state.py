@@ -6,19 +6,22 @@ import time
 from typing import Optional
 
 from radixserve.api.errors import APIError, loading
+from radixserve.api.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, Lifecycle, engine_stopped
 from radixserve.api.logprobs import TokenTexts
 from radixserve.api.metrics import ServerMetrics
 from radixserve.runtime.engine import Engine
 
 
 class ServerState:
-    def __init__(self, engine: Optional[Engine], served_model_name: Optional[str], api_key: Optional[str]):
+    def __init__(self, engine: Optional[Engine], served_model_name: Optional[str], api_key: Optional[str],
+                 watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT):
         self.engine: Optional[Engine] = None
         self._served_model_name = served_model_name
         self.api_key = api_key or None
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine)
         self.token_texts: Optional[TokenTexts] = None
+        self.lifecycle = Lifecycle(lambda: self.engine, watchdog_timeout, self.metrics.count_drain)
         if engine is not None:
             self.attach(engine)
 
@@ -40,6 +43,9 @@ class ServerState:
     def require_engine(self) -> Engine:
         if self.engine is None:
             raise loading()
+        health = self.engine.health()
+        if not health.alive:
+            raise engine_stopped(health.fatal_error)
         return self.engine
 
     def check_model(self, model: Optional[str]) -> str:

@@ -40,6 +40,10 @@ class EngineOverloadedError(RuntimeError):
     """The waiting queue is full; retry later (the API maps this to HTTP 503)."""
 
 
+class EngineStoppedError(RuntimeError):
+    """The engine was shut down, or stopped after failing (`Engine.health().fatal_error`)."""
+
+
 @dataclass
 class EngineStats:
     """A snapshot of the engine's load and totals since start-up, for `/metrics`."""
@@ -57,6 +61,47 @@ class EngineStats:
     kv_pages_free: int = 0
     last_step_seconds: float = 0.0  # wall time of the latest forward + sample + commit
     last_batch_size: int = 0        # requests in the latest step
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    """Whether the engine can still serve, for `/health` and the server's watchdog."""
+    alive: bool                     # the loop thread runs and has not given up
+    seconds_since_progress: float   # since the loop last finished a step or an idle wait
+    failed_steps: int               # consecutive failed steps (0 after any step that succeeds)
+    fatal_error: Optional[str]      # why the engine stopped serving, once it has
+
+
+# Messages to the loop thread (its inbox).
+@dataclass
+class _Add:
+    req: Request
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _AbortAll:
+    pass
+
+
+@dataclass
+class _Flush:
+    done: threading.Event
+
+
+@dataclass
+class _CheckPages:
+    done: threading.Event
+    result: list  # the AssertionError, if the invariant is broken
+
+
+@dataclass
+class _Stop:
+    pass
 
 
 @dataclass
@@ -93,6 +138,9 @@ class Engine:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.steps = 0
+        self.failed_steps = 0                      # consecutive
+        self.fatal_error: Optional[str] = None     # set once the loop gives up
+        self._progress_at = time.monotonic()       # the loop finished a step or an idle wait
         self.generation_tokens = 0
         self.last_step_seconds = 0.0
         self.last_batch_size = 0
@@ -149,7 +197,7 @@ class Engine:
                request_id: Optional[str] = None) -> OutputStream:
         """Validate and queue a request; raises ValueError (bad input) or EngineOverloadedError."""
         if self._stop.is_set():
-            raise RuntimeError("engine is shut down")
+            raise EngineStoppedError("engine is shut down")
         params = params or SamplingParams()
         params.validate(self.model_config.vocab_size)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -164,13 +212,13 @@ class Engine:
             with self._lock:
                 # checked under the lock: once shutdown has begun, nothing new gets in
                 if self._stop.is_set():
-                    raise RuntimeError("engine is shut down")
+                    raise EngineStoppedError("engine is shut down")
                 if rid in self._requests:
                     raise ValueError(f"request_id {rid!r} is already in use")
                 if len(self._requests) >= self.config.max_waiting_requests + self.config.max_running_requests:
                     raise EngineOverloadedError("server overloaded: too many requests waiting")
                 self._requests[rid] = req
-                self._inbox.put(("add", req))
+                self._inbox.put(_Add(req))
         except BaseException:
             if req.grammar is not None:
                 req.grammar.cancel()
@@ -207,7 +255,15 @@ class Engine:
             last_step_seconds=self.last_step_seconds, last_batch_size=self.last_batch_size)
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+        self._inbox.put(_Abort(request_id))
+
+    def abort_all(self) -> None:
+        """End every request now with finish_reason "abort" (their text so far is kept)."""
+        self._inbox.put(_AbortAll())
+
+    def health(self) -> EngineHealth:
+        alive = self._thread.is_alive() and self.fatal_error is None and not self._stop.is_set()
+        return EngineHealth(alive, time.monotonic() - self._progress_at, self.failed_steps, self.fatal_error)
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[CompletionResult]:
@@ -223,7 +279,7 @@ class Engine:
         """Drop all cached prefixes once the engine is idle (blocks until it is)."""
         self._ensure_running()
         done = threading.Event()
-        self._inbox.put(("flush", done))
+        self._inbox.put(_Flush(done))
         done.wait()
 
     def check_idle_invariant(self) -> None:
@@ -231,19 +287,19 @@ class Engine:
         self._ensure_running()
         done = threading.Event()
         result: list = []
-        self._inbox.put(("check", (done, result)))
+        self._inbox.put(_CheckPages(done, result))
         done.wait()
         if result:
             raise result[0]
 
     def _ensure_running(self) -> None:
         if self._stop.is_set() or not self._thread.is_alive():
-            raise RuntimeError("engine is shut down")
+            raise EngineStoppedError("engine is shut down")
 
     def shutdown(self) -> None:
         with self._lock:
             self._stop.set()
-        self._inbox.put(("stop", None))
+        self._inbox.put(_Stop())
         self._thread.join(timeout=30)
         self.structured.shutdown()
 
@@ -256,12 +312,20 @@ class Engine:
     # ---- the loop -------------------------------------------------------------
     def _loop(self) -> None:
         was_idle = True
-        while not self._stop.is_set():
-            try:
-                was_idle = self._iterate(was_idle)
-            except Exception as e:  # outside a step: the queues may be inconsistent, so end everything
-                log.error("engine loop failed: %s\n%s", e, traceback.format_exc())
-                self._end_all("error", error=f"internal error: {e}", error_kind="internal")
+        self._progress_at = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                try:
+                    was_idle = self._iterate(was_idle)
+                except Exception as e:  # outside a step: the queues may be inconsistent, so end everything
+                    log.error("engine loop failed: %s\n%s", e, traceback.format_exc())
+                    self._end_all("error", error=f"internal error: {e}", error_kind="internal")
+                self._progress_at = time.monotonic()
+        except BaseException as e:  # the thread itself is ending (e.g. SystemExit raised into it)
+            self.fatal_error = f"the engine loop thread died: {type(e).__name__}: {e}"
+            log.critical("%s\n%s", self.fatal_error, traceback.format_exc())
+        if self.fatal_error is not None:
+            self._end_all("error", error=f"internal error: {self.fatal_error}", error_kind="internal")
         self._end_all("abort")
 
     def _iterate(self, was_idle: bool) -> bool:
@@ -282,14 +346,21 @@ class Engine:
             t0 = time.perf_counter()
             self._step(batch)
             self.last_step_seconds, self.last_batch_size = time.perf_counter() - t0, len(batch.items)
+            self.failed_steps = 0
             if log.isEnabledFor(logging.DEBUG):
                 self._log_step(batch)
-        except Exception as e:  # a bug or device error: fail the batch, keep serving
-            log.error("engine step failed: %s\n%s", e, traceback.format_exc())
+        except Exception as e:  # a bug or device error: fail the batch; keep serving unless it recurs
+            self.failed_steps += 1
+            log.error("engine step failed (%d in a row): %s\n%s", self.failed_steps, e, traceback.format_exc())
             for item in batch.items:
                 if not item.req.is_finished:
                     self._finish(item.req, "error", error=f"internal error: {e}", error_kind="internal",
                                  cache=False)
+            if self.platform.is_fatal(e) or self.failed_steps >= self.config.max_failed_steps:
+                self.fatal_error = (f"{self.failed_steps} consecutive steps failed, the last with: "
+                                    f"{type(e).__name__}: {e}")
+                log.critical("the engine stops serving: %s", self.fatal_error)
+                self._stop.set()
         return idle
 
     def _end_all(self, reason: str, error: Optional[str] = None, error_kind: Optional[str] = None) -> None:
@@ -297,15 +368,14 @@ class Engine:
         no stream is left without a final output."""
         while True:  # release anyone blocked on a message the loop will not handle now
             try:
-                kind, arg = self._inbox.get_nowait()
+                message = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if kind == "flush":
-                arg.set()
-            elif kind == "check":
-                done, result = arg
-                result.append(RuntimeError(f"engine requests ended ({reason})"))
-                done.set()
+            if isinstance(message, _Flush):
+                message.done.set()
+            elif isinstance(message, _CheckPages):
+                message.result.append(RuntimeError(f"engine requests ended ({reason})"))
+                message.done.set()
         with self._lock:
             pending = list(self._requests.values())
         for req in pending:
@@ -342,32 +412,35 @@ class Engine:
         """Handle every queued message; wait up to `timeout` seconds for the first (None: no wait)."""
         while True:
             try:
-                kind, arg = self._inbox.get(timeout=timeout) if timeout else self._inbox.get_nowait()
+                message = self._inbox.get(timeout=timeout) if timeout else self._inbox.get_nowait()
             except queue.Empty:
                 return
             timeout = None
-            if kind == "add":
-                if arg.grammar is not None:
-                    self._grammar_pending.append(arg)
+            if isinstance(message, _Add):
+                if message.req.is_finished:  # an _AbortAll queued just before its _Add ended it
+                    continue
+                if message.req.grammar is not None:
+                    self._grammar_pending.append(message.req)
                 else:
-                    self.scheduler.add(arg)
-            elif kind == "abort":
+                    self.scheduler.add(message.req)
+            elif isinstance(message, (_Abort, _AbortAll)):
                 with self._lock:
-                    req = self._requests.get(arg)
-                if req is not None and not req.is_finished:
-                    self._finish(req, "abort")
-            elif kind == "flush":
+                    reqs = (list(self._requests.values()) if isinstance(message, _AbortAll)
+                            else [self._requests.get(message.request_id)])
+                for req in reqs:
+                    if req is not None and not req.is_finished:
+                        self._finish(req, "abort")
+            elif isinstance(message, _Flush):
                 if not self.scheduler.has_work():
                     self.kv.flush()
-                arg.set()
-            elif kind == "check":
-                done, result = arg
+                message.done.set()
+            elif isinstance(message, _CheckPages):
                 try:
                     self.kv.check_invariant(self.scheduler.running)
                 except AssertionError as e:
-                    result.append(e)
-                done.set()
-            elif kind == "stop":
+                    message.result.append(e)
+                message.done.set()
+            elif isinstance(message, _Stop):
                 return
 
     @torch.inference_mode()

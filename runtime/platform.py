@@ -70,6 +70,10 @@ class Platform:
         """Host values (a step's indices or parameters) as one tensor on the device."""
         return torch.tensor(values, dtype=dtype, device=self.device)
 
+    def is_fatal(self, error: BaseException) -> bool:
+        """Whether a failed step leaves the device unusable, so that no later step can succeed."""
+        return False
+
 
 class CudaPlatform(Platform):
     pin_host_buffers = True
@@ -85,6 +89,14 @@ class CudaPlatform(Platform):
 
     def free_memory_bytes(self) -> int:
         return torch.cuda.mem_get_info(self.device)[0]
+
+    def is_fatal(self, error: BaseException) -> bool:
+        # A CUDA error (illegal address, ECC, device lost) is sticky: the context is poisoned and every
+        # later kernel launch fails. Out-of-memory is not: the next, smaller step may fit.
+        if isinstance(error, torch.cuda.OutOfMemoryError):
+            return False
+        accelerator_error = getattr(torch, "AcceleratorError", ())
+        return isinstance(error, accelerator_error) or "CUDA error" in str(error)
 
 
 # At up to this many tokens a step is bound by reading weights, and the 4-bit form reads 4x fewer

@@ -1,0 +1,169 @@
+"""Honest health: faults injected into a real engine (its model runner's forward raises, stalls, or
+the loop thread is killed) and what `/health`, `/health/generate` and requests then report."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from typing import Callable, Iterator
+
+import httpx
+import pytest
+
+from radixserve.api.server import build_app
+from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.engine import Engine
+from radixserve.runtime.sampling_params import SamplingParams
+
+from .api_server import serve_app
+
+MODEL = "smol"
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def fault(kind: str, times: int = 1 << 30, seconds: float = 0.0) -> Callable:
+    """A replacement for ModelRunner.forward: `kind` "raise" raises, "stall" sleeps, the first `times`
+    calls; later calls (and the stall's end) run the real forward."""
+    calls = {"n": 0}
+
+    def install(engine: Engine) -> None:
+        real = engine.runner.forward
+
+        def forward(batch):
+            calls["n"] += 1
+            if calls["n"] <= times:
+                if kind == "raise":
+                    raise InjectedFault(f"injected fault #{calls['n']}")
+                time.sleep(seconds)
+            return real(batch)
+
+        engine.runner.forward = forward  # read by the loop thread at its next step
+    return install
+
+
+@contextlib.contextmanager
+def server(default_model_files, watchdog_timeout: float = 60.0, **config) -> Iterator[tuple[str, Engine]]:
+    engine = Engine(EngineConfig(dtype="float32", kv_cache_tokens=2048, max_running_requests=8, **config),
+                    model_files=default_model_files)
+    try:
+        with serve_app(build_app(engine, served_model_name=MODEL, watchdog_timeout=watchdog_timeout)) as url:
+            yield url, engine
+        if engine.health().alive:
+            engine.check_idle_invariant()
+        else:  # the loop has ended: its structures are ours to read
+            engine._thread.join(timeout=10)
+            engine.kv.check_invariant(engine.scheduler.running)
+            assert not engine.scheduler.running and not engine.scheduler.waiting
+    finally:
+        engine.shutdown()
+
+
+def chat(url: str, max_tokens: int = 4, **extra) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": max_tokens, **extra})
+
+
+def test_health_is_ok_while_the_engine_serves(default_model_files):
+    with server(default_model_files) as (url, _):
+        r = httpx.get(url + "/health", timeout=10)
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
+def test_a_step_that_fails_once_fails_its_request_and_the_engine_keeps_serving(default_model_files):
+    with server(default_model_files) as (url, engine):
+        fault("raise", times=1)(engine)
+        failed = chat(url)
+        health = httpx.get(url + "/health", timeout=10)
+        after = chat(url)
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "internal_error"
+    assert health.status_code == 200
+    assert after.status_code == 200 and after.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_steps_that_keep_failing_stop_the_engine_and_health_says_why(default_model_files):
+    with server(default_model_files, max_failed_steps=3) as (url, engine):
+        fault("raise")(engine)
+        statuses = [chat(url).status_code for _ in range(3)]
+        engine._thread.join(timeout=10)
+        health = httpx.get(url + "/health", timeout=10)
+        refused = chat(url)
+    assert statuses == [500, 500, 500]
+    assert health.status_code == 503 and health.json()["error"]["code"] == "engine_stopped"
+    assert "3 consecutive steps failed" in health.json()["error"]["message"]
+    assert "InjectedFault" in health.json()["error"]["message"]
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_stopped"
+
+
+def test_a_failing_step_below_the_limit_does_not_stop_the_engine(default_model_files):
+    with server(default_model_files, max_failed_steps=3) as (url, engine):
+        fault("raise", times=2)(engine)
+        statuses = [chat(url).status_code for _ in range(3)]
+        health = httpx.get(url + "/health", timeout=10)
+    assert statuses == [500, 500, 200]
+    assert health.status_code == 200
+
+
+def _kill_thread(thread: threading.Thread) -> None:
+    """Raise SystemExit inside `thread` at its next bytecode: the thread ends as if killed."""
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(SystemExit))
+    assert done == 1
+
+
+def test_a_killed_loop_thread_ends_its_requests_and_health_turns_503(default_model_files):
+    with server(default_model_files) as (url, engine):
+        stream = engine.submit("Count to one hundred:", SamplingParams(max_tokens=500, ignore_eos=True))
+        first = next(iter(stream))  # it is running
+        _kill_thread(engine._thread)
+        outputs = [first] + list(stream)
+        engine._thread.join(timeout=10)
+        health = httpx.get(url + "/health", timeout=10)
+        refused = chat(url)
+    assert outputs[-1].finish_reason == "error" and "loop thread died" in outputs[-1].error
+    assert not engine._thread.is_alive()
+    assert health.status_code == 503 and health.json()["error"]["code"] == "engine_stopped"
+    assert "SystemExit" in health.json()["error"]["message"]
+    assert refused.status_code == 503
+
+
+def test_a_step_stalled_past_the_watchdog_timeout_turns_health_503_until_it_ends(default_model_files):
+    with server(default_model_files, watchdog_timeout=0.5) as (url, engine):
+        fault("stall", times=1, seconds=2.5)(engine)
+        stream = engine.submit("Hello", SamplingParams(max_tokens=2))
+        time.sleep(1.2)
+        during = httpx.get(url + "/health", timeout=10)
+        outputs = list(stream)
+        time.sleep(0.6)  # the idle loop wakes at least every 0.5 s
+        after = httpx.get(url + "/health", timeout=10)
+    assert during.status_code == 503 and during.json()["error"]["code"] == "engine_stalled"
+    assert outputs[-1].finish_reason in ("stop", "length")
+    assert after.status_code == 200
+
+
+def test_health_generate_runs_one_token_through_the_engine(default_model_files):
+    with server(default_model_files) as (url, engine):
+        before = engine.stats().generation_tokens
+        r = httpx.get(url + "/health/generate", timeout=30)
+        after = engine.stats().generation_tokens
+    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["seconds"] > 0
+    assert after == before + 1
+
+
+def test_health_generate_answers_503_within_its_timeout_when_the_engine_is_stuck(default_model_files):
+    with server(default_model_files) as (url, engine):
+        fault("stall", times=1, seconds=3.0)(engine)
+        t0 = time.monotonic()
+        r = httpx.get(url + "/health/generate", params={"timeout": 0.5}, timeout=30)
+        elapsed = time.monotonic() - t0
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_stalled"
+    assert elapsed < 2.0
+
+
+@pytest.mark.parametrize("timeout", ["0", "abc"])
+def test_health_generate_refuses_a_bad_timeout(default_model_files, timeout):
+    with server(default_model_files) as (url, _):
+        r = httpx.get(url + "/health/generate", params={"timeout": timeout}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "timeout"
