@@ -1,23 +1,59 @@
 """OpenAI request bodies as pydantic models, with the vLLM / SGLang extras their users send.
 
 Unknown fields are refused (400 naming the field) rather than ignored: a constraint or sampling
-option this server does not know must never be dropped silently. Ranges that OpenAI documents are
+option this server does not know must never be dropped silently. Types are strict: `"5"` is not an
+integer and `1` is not a boolean, as the OpenAPI document says. Ranges that OpenAI documents are
 checked here; the rest (e.g. the temperature ceiling, stop token ids) by `SamplingParams.validate`.
+
+The JSON Schema of each model (served in /openapi.json) states every constraint the server
+enforces, including those checked further down the line: `schema_only(...)` adds a keyword to the
+schema and leaves the check (and its wording) where it was. Limits that depend on the loaded model
+carry a `MODEL_LIMIT` marker that api/openapi.py turns into a `maximum` once the model is known.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
+MAX_TEMPERATURE = 100.0       # SamplingParams.validate's ceilings
+MAX_REPETITION_PENALTY = 10.0
+MAX_STOP_STRINGS = 16
+
+# JSON Schema keyword naming a limit of the loaded model: "vocab_size" (a token id is below it) or
+# "max_new_tokens" (what the context and the KV pool leave after a one-token prompt).
+MODEL_LIMIT = "x-model-limit"
 
 JsonSchema = Union[dict[str, Any], bool]
 
+NOT_NULL = {"not": {"type": "null"}}
+
+
+def schema_only(**keywords: Any) -> Any:
+    """JSON Schema keywords for a constraint that is enforced elsewhere (which words the error)."""
+    return Field(json_schema_extra=keywords)
+
+
+StopString = Annotated[str, schema_only(minLength=1)]
+TokenId = Annotated[int, schema_only(minimum=0, **{MODEL_LIMIT: "vocab_size"})]
+TokenBudget = Annotated[int, Field(ge=1), schema_only(**{MODEL_LIMIT: "max_new_tokens"})]
+# Regex and grammar text: GrammarSpec refuses an empty or all-blank one before compiling.
+GrammarText = Annotated[str, schema_only(pattern=r"\S")]
+
+
+def _at_most_one(names: list[str], is_set: Optional[dict[str, dict]] = None) -> dict[str, Any]:
+    """JSON Schema: no two of these properties are set (a property holding null is not set)."""
+    is_set = is_set or {}
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    return {"not": {"anyOf": [{"required": [a, b], "properties": {a: is_set.get(a, NOT_NULL),
+                                                                  b: is_set.get(b, NOT_NULL)}}
+                              for a, b in pairs]}}
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 # ---- messages --------------------------------------------------------------------------------
@@ -32,12 +68,35 @@ class AssistantToolCall(_Strict):
     function: FunctionCall
 
 
+# `content`: a string or a list of parts, of which only text parts are supported.
+_TEXT_PART = {"type": "object", "title": "TextPart", "required": ["type", "text"],
+              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_MESSAGE_CONTENT = {"anyOf": [{"type": "string"},
+                              {"type": "array", "items": {"anyOf": [{"type": "string"}, _TEXT_PART]}},
+                              {"type": "null"}]}
+
+
+def _message_roles(schema: dict[str, Any]) -> None:
+    """One shape per role: every message needs content, except an assistant message that carries
+    tool calls instead (the `_content_or_tool_calls` check)."""
+    def needs_content(role: str) -> dict[str, Any]:
+        return {"title": f"{role} message", "required": ["role", "content"],
+                "properties": {"role": {"const": role}, "content": NOT_NULL}}
+
+    assistant = {"title": "assistant message", "required": ["role"], "properties": {"role": {"const": "assistant"}},
+                 "anyOf": [{"required": ["content"], "properties": {"content": NOT_NULL}},
+                           {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array", "minItems": 1}}}]}
+    schema["oneOf"] = [needs_content("system"), needs_content("developer"), needs_content("user"), assistant,
+                       needs_content("tool")]
+
+
 class ChatMessage(BaseModel):
     """One message; `content` is normalised to a string (text parts joined) or None."""
-    model_config = ConfigDict(extra="ignore")  # e.g. `refusal`, `audio` echoed back by clients
+    # Other fields are ignored: e.g. `refusal`, `audio` echoed back by clients.
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra=_message_roles)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Optional[str] = None
+    content: Annotated[Optional[str], WithJsonSchema(_MESSAGE_CONTENT)] = None
     name: Optional[str] = None
     tool_calls: Optional[list[AssistantToolCall]] = None
     tool_call_id: Optional[str] = None
@@ -100,17 +159,34 @@ class JsonSchemaFormat(_Strict):
     strict: Optional[bool] = None
 
 
+def _json_schema_needs_schema(schema: dict[str, Any]) -> None:
+    # api/constraints.py: type json_schema without json_schema.schema is a 400
+    schema["anyOf"] = [
+        {"properties": {"type": {"enum": ["text", "json_object"]}}},
+        {"required": ["json_schema"],
+         "properties": {"type": {"const": "json_schema"},
+                        "json_schema": {"type": "object", "required": ["schema"],
+                                        "properties": {"schema": {"type": ["object", "boolean"]}}}}},
+    ]
+
+
 class ResponseFormat(_Strict):
+    model_config = ConfigDict(json_schema_extra=_json_schema_needs_schema)
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
 
 
 class StructuredOutputs(_Strict):
-    """vLLM's `structured_outputs`: exactly one of these may be set."""
+    """vLLM's `structured_outputs`: at most one of these may be set."""
+    model_config = ConfigDict(json_schema_extra=lambda schema: schema.update(_at_most_one(
+        ["json", "regex", "choice", "grammar", "json_object", "structural_tag"],
+        {"json_object": {"const": True}})))
+
     json_: Optional[Union[JsonSchema, str]] = Field(default=None, alias="json")
-    regex: Optional[str] = None
-    choice: Optional[list[str]] = None
-    grammar: Optional[str] = None
+    regex: Optional[GrammarText] = None
+    choice: Optional[Annotated[list[str], schema_only(minItems=1)]] = None
+    grammar: Optional[GrammarText] = None
     json_object: Optional[bool] = None
     structural_tag: Optional[Union[dict[str, Any], str]] = None
 
@@ -123,38 +199,38 @@ class StreamOptions(_Strict):
 class GenerationRequest(_Strict):
     """Fields shared by chat and text completions."""
     model: Optional[str] = None
-    max_tokens: Optional[int] = Field(default=None, ge=1)
-    temperature: Optional[float] = Field(default=None, ge=0.0)
+    max_tokens: Optional[TokenBudget] = None
+    temperature: Optional[Annotated[float, Field(ge=0.0), schema_only(maximum=MAX_TEMPERATURE)]] = None
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    stop: Optional[Union[str, list[str]]] = None
+    stop: Optional[Union[StopString, Annotated[list[StopString], schema_only(maxItems=MAX_STOP_STRINGS)]]] = None
     seed: Optional[int] = None
     presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: Optional[dict[str, float]] = None
+    logit_bias: Optional[Annotated[dict[str, float], schema_only(maxProperties=0)]] = None  # see _no_logit_bias
     user: Optional[str] = None
     metadata: Optional[dict[str, Any]] = None
     # vLLM / SGLang sampling extras
     top_k: Optional[int] = Field(default=None, ge=-1)
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: Optional[float] = Field(default=None, gt=0.0)
+    repetition_penalty: Optional[Annotated[float, Field(gt=0.0), schema_only(maximum=MAX_REPETITION_PENALTY)]] = None
     min_tokens: Optional[int] = Field(default=None, ge=0)
     ignore_eos: bool = False
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: Optional[list[TokenId]] = None
     skip_special_tokens: bool = True
     priority: Optional[int] = None
     # structured output, every spelling clients use (at most one per request)
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None
-    regex: Optional[str] = None
-    ebnf: Optional[str] = None
+    regex: Optional[GrammarText] = None
+    ebnf: Optional[GrammarText] = None
     json_schema: Optional[Union[str, dict[str, Any]]] = None
     guided_json: Optional[Union[str, JsonSchema]] = None
-    guided_regex: Optional[str] = None
-    guided_choice: Optional[list[str]] = None
-    guided_grammar: Optional[str] = None
+    guided_regex: Optional[GrammarText] = None
+    guided_choice: Optional[Annotated[list[str], schema_only(minItems=1)]] = None
+    guided_grammar: Optional[GrammarText] = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -168,9 +244,22 @@ class GenerationRequest(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _chat_rules(schema: dict[str, Any]) -> None:
+    schema["allOf"] = [
+        # _top_logprobs_needs_logprobs
+        {"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
+        # api/tools.py plan_tools: a tool_choice other than none needs tools
+        {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"enum": [None, "none"]}}}},
+         "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}},
+    ]
+
+
 class ChatCompletionRequest(GenerationRequest):
+    model_config = ConfigDict(json_schema_extra=_chat_rules)
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[TokenBudget] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: Optional[list[ToolDefinition]] = None
@@ -189,15 +278,27 @@ class ChatCompletionRequest(GenerationRequest):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-PromptInput = Union[str, list[str], list[int], list[list[int]]]
+# Each prompt must come to at least one token (the engine refuses an empty one).
+_PromptText = Annotated[str, schema_only(minLength=1)]
+_PromptIds = Annotated[list[TokenId], schema_only(minItems=1)]
+PromptInput = Union[_PromptText, Annotated[list[_PromptText], schema_only(minItems=1)], _PromptIds,
+                    Annotated[list[_PromptIds], schema_only(minItems=1)]]
+
+
+def _completion_rules(schema: dict[str, Any]) -> None:
+    # api/completions.py: echo cannot be combined with logprobs
+    schema["not"] = {"required": ["echo", "logprobs"],
+                     "properties": {"echo": {"const": True}, "logprobs": {"type": "integer"}}}
 
 
 class CompletionRequest(GenerationRequest):
+    model_config = ConfigDict(json_schema_extra=_completion_rules)
+
     prompt: PromptInput
     logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
-    suffix: Optional[str] = None
-    best_of: Optional[int] = None
+    suffix: Optional[Annotated[str, schema_only(maxLength=0)]] = None    # see _no_suffix
+    best_of: Optional[Annotated[int, schema_only(const=1)]] = None       # see _best_of_one
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -244,7 +345,18 @@ class CompletionRequest(GenerationRequest):
         return list(p)
 
 
+def _prompt_or_messages(schema: dict[str, Any]) -> None:
+    # _one_input: exactly one of them (null counts as absent)
+    def only(given: str, absent: str) -> dict[str, Any]:
+        return {"title": f"{given} only", "required": [given],
+                "properties": {given: NOT_NULL, absent: {"type": "null"}}}
+
+    schema["oneOf"] = [only("prompt", "messages"), only("messages", "prompt")]
+
+
 class TokenizeRequest(_Strict):
+    model_config = ConfigDict(json_schema_extra=_prompt_or_messages)
+
     prompt: Optional[str] = None
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: bool = True
@@ -258,4 +370,4 @@ class TokenizeRequest(_Strict):
 
 
 class DetokenizeRequest(_Strict):
-    tokens: list[int]
+    tokens: list[TokenId]
