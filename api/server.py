@@ -22,6 +22,7 @@ from radixserve.api.completions import create_completion
 from radixserve.api.errors import APIError, bad_request, install_error_handlers
 from radixserve.api.generation import ClientDisconnected
 from radixserve.api.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, DrainGate
+from radixserve.api.openapi import install_openapi
 from radixserve.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from radixserve.api.state import ServerState
 from radixserve.runtime.engine import Engine, EngineStoppedError
@@ -118,6 +119,7 @@ def build_app(engine: Optional[Engine] = None, served_model_name: Optional[str] 
                               param="tokens")
         return {"prompt": engine.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
+    install_openapi(app)
     return app
 
 
