@@ -14,14 +14,15 @@ from radixserve.grammar.vocab import VocabInfo, VocabType
 GRAMMAR_BACKENDS = ("xgrammar", "outlines-core")
 
 
-def make_grammar_backend(name: str, vocab: VocabInfo) -> GrammarBackend:
-    """The backend called `name` ("xgrammar" or "outlines-core") over `vocab`."""
+def make_grammar_backend(name: str, vocab: VocabInfo, any_whitespace: bool = False) -> GrammarBackend:
+    """The backend called `name` ("xgrammar" or "outlines-core") over `vocab`. JSON comes out
+    compact (no whitespace between tokens) unless `any_whitespace`."""
     if name == "xgrammar":
         from radixserve.grammar.xgrammar_backend import XGrammarBackend
-        return XGrammarBackend(vocab)
+        return XGrammarBackend(vocab, any_whitespace=any_whitespace)
     if name == "outlines-core":
         from radixserve.grammar.outlines_backend import OutlinesCoreBackend
-        return OutlinesCoreBackend(vocab)
+        return OutlinesCoreBackend(vocab, any_whitespace=any_whitespace)
     raise ValueError(f"unknown grammar backend {name!r} (choose from: {', '.join(GRAMMAR_BACKENDS)})")
 
 

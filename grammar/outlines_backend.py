@@ -9,31 +9,25 @@ import outlines_core
 import torch
 
 from radixserve.grammar.backend import GrammarBackend, GrammarMatcher, fill_stop_only
+from radixserve.grammar.json_schema import normalise_json_schema
+from radixserve.grammar.number_bounds import bound_outlines_regex
 from radixserve.grammar.regex_check import check_regex, escape_literal, strip_anchors
-from radixserve.grammar.schema_check import UNENFORCED_BY_ALL, SchemaSupport, check_json_schema
+from radixserve.grammar.schema_support import OUTLINES_SUPPORT
 from radixserve.grammar.spec import GrammarError, GrammarSpec
 from radixserve.grammar.vocab import VocabInfo
 
-# Its schema-to-regex drops number bounds, multipleOf and the property-name rules (found by
-# matching violating strings against the regexes it builds); the formats below are the ones it
-# turns into regexes (others raise).
-OUTLINES_SCHEMA_SUPPORT = SchemaSupport(
-    backend="outlines-core",
-    unenforced_keywords=UNENFORCED_BY_ALL | {
-        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-        "patternProperties", "propertyNames", "maxProperties",
-    },
-    enforced_formats=frozenset({"date", "time", "date-time", "email", "uri", "uuid"}),
-    multiple_of_integers_only=False,  # refused outright above
-)
+# its whitespace between JSON tokens: none (as OpenAI's output), or any amount when asked for
+COMPACT_WHITESPACE = ""
+FREE_WHITESPACE = r"[ \t\n\r]*"
 
 
 class OutlinesCoreBackend(GrammarBackend):
     name = "outlines-core"
     supported_kinds = frozenset({"json_schema", "json_object", "regex", "choice"})
 
-    def __init__(self, vocab: VocabInfo):
+    def __init__(self, vocab: VocabInfo, any_whitespace: bool = False):
         super().__init__(vocab)
+        self.any_whitespace = any_whitespace
         # The Index knows one eos id, which must stay out of its token map; the matcher widens
         # "eos allowed" to every stop id itself.
         self._index_eos = vocab.stop_token_ids[0]
@@ -46,8 +40,8 @@ class OutlinesCoreBackend(GrammarBackend):
     def _compile(self, spec: GrammarSpec) -> outlines_core.Index:
         kind, payload = spec.kind, spec.payload
         if kind == "json_schema":
-            check_json_schema(payload, OUTLINES_SCHEMA_SUPPORT)
-            regex = self._schema_regex(json.dumps(payload), kind)
+            normalised = normalise_json_schema(payload, OUTLINES_SUPPORT).schema
+            regex = self._schema_regex(json.dumps(normalised), kind)
         elif kind == "json_object":
             regex = self._schema_regex('{"type": "object"}', kind)
         elif kind == "regex":
@@ -60,12 +54,13 @@ class OutlinesCoreBackend(GrammarBackend):
         except Exception as e:  # ValueError from the Rust side (bad syntax, unreachable end, ...)
             raise GrammarError(f"{kind}: {str(e).strip().splitlines()[0]}") from None
 
-    @staticmethod
-    def _schema_regex(schema_text: str, kind: str) -> str:
+    def _schema_regex(self, schema_text: str, kind: str) -> str:
+        whitespace = FREE_WHITESPACE if self.any_whitespace else COMPACT_WHITESPACE
         try:
-            return outlines_core.json_schema.build_regex_from_schema(schema_text)
+            regex = outlines_core.json_schema.build_regex_from_schema(schema_text, whitespace_pattern=whitespace)
         except Exception as e:
             raise GrammarError(f"{kind}: {str(e).strip().splitlines()[0]}") from None
+        return bound_outlines_regex(regex)
 
     def matcher(self, compiled: outlines_core.Index) -> "OutlinesCoreMatcher":
         return OutlinesCoreMatcher(compiled, self.vocab)

@@ -9,22 +9,16 @@ import torch
 import xgrammar as xgr
 
 from radixserve.grammar.backend import GrammarBackend, GrammarMatcher, check_bitmask, fill_stop_only
+from radixserve.grammar.json_schema import normalise_json_schema
+from radixserve.grammar.number_bounds import bound_xgrammar_ebnf
 from radixserve.grammar.regex_check import check_regex, dot_excludes_newline, escape_literal
-from radixserve.grammar.schema_check import UNENFORCED_BY_ALL, SchemaSupport, check_json_schema
+from radixserve.grammar.schema_support import XGRAMMAR_SUPPORT
 from radixserve.grammar.spec import GRAMMAR_KINDS, GrammarError, GrammarSpec, StructuralTagSpec
 from radixserve.grammar.vocab import VocabInfo
 
-# Found by compiling one schema per keyword and trying a violating and a valid string
-# (tests/test_grammar_backends.py keeps the rejected ones honest).
-XGRAMMAR_SCHEMA_SUPPORT = SchemaSupport(
-    backend="xgrammar",
-    unenforced_keywords=UNENFORCED_BY_ALL,
-    enforced_formats=frozenset({
-        "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri",
-        "uri-reference", "uri-template", "json-pointer", "relative-json-pointer", "uuid",
-    }),
-    multiple_of_integers_only=True,  # it warns and drops multipleOf on numbers
-)
+# Without free whitespace, JSON comes out as OpenAI's does: no whitespace between tokens at all,
+# so a model cannot loop on it.
+COMPACT_SEPARATORS = (",", ":")
 
 # xgrammar's C++ errors start with "[12:34:56] /path/file.cc:123: "
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
@@ -39,8 +33,10 @@ class XGrammarBackend(GrammarBackend):
     name = "xgrammar"
     supported_kinds = GRAMMAR_KINDS
 
-    def __init__(self, vocab: VocabInfo, compile_threads: int = 2, fill_threads: int = 1):
+    def __init__(self, vocab: VocabInfo, compile_threads: int = 2, fill_threads: int = 1,
+                 any_whitespace: bool = False):
         super().__init__(vocab)
+        self.any_whitespace = any_whitespace
         # Token bytes decoded by us (RAW): one decoding for both backends; b"" marks an id that is
         # never text, which xgrammar then treats as a special token and never allows.
         encoded = [b if b is not None else b"" for b in vocab.token_bytes]
@@ -55,32 +51,44 @@ class XGrammarBackend(GrammarBackend):
 
     def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         kind, payload = spec.kind, spec.payload
-        if kind == "json_schema":
-            check_json_schema(payload, XGRAMMAR_SCHEMA_SUPPORT)
-        elif kind == "regex":
+        if kind == "regex":
             check_regex(payload)
-        elif kind == "structural_tag":
-            for i, tag in enumerate(payload.tags):
-                check_json_schema(tag.schema, XGRAMMAR_SCHEMA_SUPPORT, where=f"structural_tag: tags[{i}].schema")
         try:
             if kind == "json_schema":
-                # json.dumps keeps the user's property order, which is the order of generation
-                return self._compiler.compile_json_schema(json.dumps(payload), any_whitespace=False,
-                                                          strict_mode=True)
+                return self._compiler.compile_grammar(self.schema_ebnf(payload))
             if kind == "json_object":
-                return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=False,
-                                                          strict_mode=False)
+                return self._compiler.compile_grammar(self.schema_ebnf({"type": "object"}, strict=False))
             if kind == "regex":
                 return self._compiler.compile_regex(dot_excludes_newline(payload))
             if kind == "choice":
                 return self._compiler.compile_regex("|".join(escape_literal(o) for o in payload))
             if kind == "ebnf":
                 return self._compiler.compile_grammar(payload, root_rule_name="root")
-            return self._compiler.compile_structural_tag(json.dumps(_structural_tag_format(payload)))
+            return self._compiler.compile_structural_tag(json.dumps(self._structural_tag_format(payload)))
         except GrammarError:
             raise
         except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own types
             raise _error(kind, e) from None
+
+    def schema_ebnf(self, schema, strict: bool = True, where: str = "json_schema") -> str:
+        """The EBNF xgrammar builds for the normalised `schema`, its numbers digit-bounded."""
+        normalised = normalise_json_schema(schema, XGRAMMAR_SUPPORT, where).schema
+        try:
+            # json.dumps keeps the user's property order, which is the order of generation
+            grammar = xgr.Grammar.from_json_schema(
+                json.dumps(normalised), any_whitespace=self.any_whitespace, strict_mode=strict,
+                separators=None if self.any_whitespace else COMPACT_SEPARATORS)
+        except Exception as e:
+            raise _error(where, e) from None
+        return bound_xgrammar_ebnf(str(grammar))
+
+    def _structural_tag_format(self, spec: StructuralTagSpec) -> dict[str, Any]:
+        tags = [{"type": "tag", "begin": t.begin, "end": t.end, "content": {
+            "type": "grammar", "grammar": self.schema_ebnf(t.schema, where=f"structural_tag: tags[{i}].schema")}}
+            for i, t in enumerate(spec.tags)]
+        return {"type": "structural_tag", "format": {
+            "type": "triggered_tags", "triggers": list(spec.triggers), "tags": tags,
+            "at_least_one": spec.at_least_one, "stop_after_first": spec.stop_after_first}}
 
     def matcher(self, compiled: xgr.CompiledGrammar) -> "XGrammarMatcher":
         return XGrammarMatcher(xgr.GrammarMatcher(compiled), self.vocab, self._never)
@@ -98,17 +106,6 @@ class XGrammarBackend(GrammarBackend):
                 live_rows.append(int(row))
         if live:
             self._batch.batch_fill_next_token_bitmask(live, bitmask, live_rows)
-
-
-def _structural_tag_format(spec: StructuralTagSpec) -> dict[str, Any]:
-    return {"type": "structural_tag", "format": {
-        "type": "triggered_tags",
-        "triggers": list(spec.triggers),
-        "tags": [{"type": "tag", "begin": t.begin, "end": t.end,
-                  "content": {"type": "json_schema", "json_schema": t.schema}} for t in spec.tags],
-        "at_least_one": spec.at_least_one,
-        "stop_after_first": spec.stop_after_first,
-    }}
 
 
 class XGrammarMatcher(GrammarMatcher):

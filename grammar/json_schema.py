@@ -1,0 +1,398 @@
+"""The one normalisation pass every JSON schema goes through before a backend sees it.
+
+It follows every `$ref` wherever its target lives (`#/resourceDefinitions/...` as well as
+`#/$defs/...`) and hoists each target into `$defs` once, so a recursive schema stays recursive. It
+merges `allOf` and the siblings of a `$ref` into one schema, pushes the siblings of an `anyOf` into
+its branches, turns a `oneOf` whose branches cannot overlap into an `anyOf`, filters an `enum` by
+its siblings, and puts each node's own keywords in the normal form of `schema_keywords`. What it
+cannot rewrite exactly it refuses with a `SchemaRefusal` naming the keyword and its JSON pointer.
+
+Every value the normalised schema accepts, the original accepts too (tests/
+test_json_schema_properties.py checks it against jsonschema); `exact` says whether the converse holds
+(it does not where a number range was narrowed to 16 digits, a type inferred, a search pattern
+anchored)."""
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+from urllib.parse import unquote
+
+from jsonschema import exceptions as jsonschema_errors
+from jsonschema import validators
+
+from radixserve.grammar.regex_rewrite import RegexRefused, parse as parse_regex
+from radixserve.grammar.schema_keywords import LOCAL_KEYWORDS, Unsatisfiable, any_of, local
+from radixserve.grammar.schema_merge import merge, merge_all
+from radixserve.grammar.schema_support import SchemaRefusal, SchemaSupport
+
+log = logging.getLogger("radixserve.grammar")
+
+_DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7), ("2019-09", 2019), ("2020-12", 2020))
+_STRUCTURE = frozenset({"$ref", "allOf", "anyOf", "oneOf", "enum", "const"})
+_CHILD_MAPS = ("properties", "patternProperties")
+_CHILD_VALUES = ("additionalProperties", "items", "propertyNames")
+
+
+@dataclass(frozen=True)
+class Note:
+    """One rewrite the pass made: `exact` False where it narrowed what is accepted."""
+    keyword: str
+    pointer: str
+    action: str
+    exact: bool
+
+
+@dataclass(frozen=True)
+class NormalisedSchema:
+    schema: Any          # the normal form, with the hoisted `$defs`
+    exact: bool          # accepts exactly what the original accepts
+    notes: tuple[Note, ...]
+    draft: int           # of the original: 4, 6, 7, 2019 or 2020
+
+
+def draft_of(schema: Any) -> int:
+    uri = schema.get("$schema", "") if isinstance(schema, Mapping) else ""
+    return next((n for name, n in _DRAFTS if name in uri), 2020)
+
+
+def validator_class(schema: Any):
+    """jsonschema's validator for the schema's own draft (2020-12 when it names none it knows)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # an unknown $schema URI
+        return validators.validator_for(schema, default=validators.Draft202012Validator)
+
+
+def normalise_json_schema(schema: Any, support: SchemaSupport, where: str = "json_schema") -> NormalisedSchema:
+    """The normal form of `schema` for `support.backend`, or SchemaRefusal."""
+    cls = validator_class(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema_errors.SchemaError as e:
+        pointer = "".join(f"/{_escape(str(p))}" for p in e.absolute_path)
+        raise SchemaRefusal(str(e.validator), pointer, f"invalid schema: {e.message}", where) from None
+    return _Normaliser(schema, cls, support, where).run()
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+class _Normaliser:
+    def __init__(self, root: Any, cls, support: SchemaSupport, where: str):
+        self.root, self.cls, self.support, self.where = root, cls, support, where
+        self.draft = draft_of(root)
+        self.defs: dict[str, Optional[dict]] = {}  # name -> normal form (None while being built)
+        self.names: dict[str, str] = {}            # pointer of a $ref target -> its name in $defs
+        self.locations: dict[str, str] = {}        # and back
+        self.inlining: list[str] = []
+        self.notes: list[Note] = []
+        self._anchors: Optional[dict[str, str]] = None
+        self._root_validator = None
+
+    def run(self) -> NormalisedSchema:
+        try:
+            top = self.node(self.root, "")
+        except Unsatisfiable as e:
+            raise SchemaRefusal(e.keyword, e.pointer, f"the schema is unsatisfiable: {e.reason}", self.where) from None
+        if top is False:
+            raise SchemaRefusal("false", "", "the schema is false: no value satisfies it", self.where)
+        out = dict(top)
+        defs = self.reachable(out)
+        if defs:
+            out["$defs"] = defs
+        self.support.check(out)
+        for n in self.notes:
+            log.debug("json_schema %s at %s: %s", n.keyword, n.pointer or "/", n.action)
+        return NormalisedSchema(out, all(n.exact for n in self.notes), tuple(self.notes), self.draft)
+
+    def reachable(self, top: Any) -> dict:
+        """The hoisted definitions that `top` uses (some were hoisted only to be merged inline)."""
+        used: dict[str, Any] = {}
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                ref = node.get("$ref")
+                if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                    name = ref[len("#/$defs/"):]
+                    if name not in used:
+                        used[name] = self.defs[name]
+                        stack.append(used[name])
+                stack.extend(v for k, v in node.items() if k not in ("enum", "const"))
+            elif isinstance(node, list):
+                stack.extend(node)
+        return {name: self.defs[name] for name in self.defs if name in used}
+
+    # ---- the Context that schema_keywords and schema_merge use -----------------------------
+    def refuse(self, keyword: str, pointer: str, reason: str):
+        raise SchemaRefusal(keyword, pointer, reason, self.where)
+
+    def note(self, keyword: str, pointer: str, action: str, exact: bool) -> None:
+        self.notes.append(Note(keyword, pointer or "/", action, exact))
+
+    def merge(self, a: Any, b: Any, pointer: str) -> Any:
+        return merge(a, b, pointer, self)
+
+    def inline(self, node: Any) -> Any:
+        """A `$ref` node replaced by its target's normal form (one level: refs inside it stay)."""
+        seen = 0
+        while isinstance(node, dict) and "$ref" in node and seen < 32:
+            node = self.body(self.locations[node["$ref"].rsplit("/", 1)[1]])
+            seen += 1
+        return node
+
+    def is_valid(self, value: Any, node: Any, pointer: str) -> bool:
+        done = {k: v for k, v in self.defs.items() if v is not None}
+        try:
+            return validators.Draft202012Validator({**node, "$defs": done}).is_valid(value)
+        except Exception:  # a reference into a definition still being built
+            return self.refuse("enum", pointer, "enum values cannot be checked against a recursive schema")
+
+    # ---- nodes -----------------------------------------------------------------------------
+    def node(self, raw: Any, pointer: str, within: Any = None) -> Any:
+        """The normal form of the subschema `raw` found at `pointer` (False for `false`).
+        `within`: the type of the schema whose allOf / anyOf / oneOf holds it, which a subschema
+        without its own type takes on (exactly: it is merged with that schema)."""
+        if raw is True:
+            return {}
+        if raw is False:
+            return False
+        raw = self.upgrade(raw, pointer)
+        if "enum" in raw or "const" in raw:
+            return self.enum(raw, pointer)
+        for kw in raw:
+            if kw in self.support.unenforced_keywords:
+                self.refuse(kw, pointer, f"unsupported keyword '{kw}' ({self.support.backend} cannot enforce it)")
+        own = {k: v for k, v in raw.items() if k in LOCAL_KEYWORDS}
+        if within is not None and own and "type" not in own:
+            own["type"] = within
+        inner = raw.get("type", within)
+        if "$ref" in raw and not own and not (set(raw) & {"allOf", "anyOf", "oneOf"}):
+            return self.reference(raw["$ref"], pointer)
+        parts = [local(self.children(own, pointer), pointer, self)] if own else []
+        if "$ref" in raw:
+            if self.draft <= 7 and own:
+                self.note("$ref", pointer, "sibling keywords of $ref applied (this draft ignores them)", False)
+            parts.append(self.body(self.locate(raw["$ref"], pointer)))
+        parts += [self.node(sub, f"{pointer}/allOf/{i}", inner) for i, sub in enumerate(raw.get("allOf", []))]
+        result = merge_all(parts, pointer, self)
+        for kw in ("oneOf", "anyOf"):
+            if kw in raw:
+                branches = [self.node(sub, f"{pointer}/{kw}/{i}", inner) for i, sub in enumerate(raw[kw])]
+                if kw == "oneOf":
+                    self.check_one_of(branches, pointer)
+                merged = []
+                for branch in branches:
+                    try:
+                        merged.append(merge(result, branch, f"{pointer}/{kw}", self))
+                    except Unsatisfiable:
+                        pass
+                result = any_of(merged, f"{pointer}/{kw}")
+        return result
+
+    def upgrade(self, raw: Mapping[str, Any], pointer: str) -> dict:
+        """Older drafts' spellings in 2020-12's; keywords that assert nothing here dropped."""
+        raw = dict(raw)
+        if self.draft <= 4:
+            for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+                if isinstance(raw.get(exclusive), bool):
+                    if raw.pop(exclusive) and bound in raw:
+                        raw[exclusive] = raw.pop(bound)
+        if "divisibleBy" in raw and self.draft <= 3:
+            raw["multipleOf"] = raw.pop("divisibleBy")
+        if self.draft <= 2019 and isinstance(raw.get("items"), list):
+            raw["prefixItems"] = raw.pop("items")
+            if "additionalItems" in raw:
+                raw["items"] = raw.pop("additionalItems")
+        raw.pop("additionalItems", None)  # without a list of items it applies to nothing
+        if raw.get("uniqueItems") is False:
+            del raw["uniqueItems"]
+        applicators = set(raw) & {"$ref", "allOf", "anyOf", "oneOf", "if", "not", "dependentSchemas"}
+        for kw, plain in (("unevaluatedProperties", "additionalProperties"), ("unevaluatedItems", "items")):
+            # with nothing else evaluating, "unevaluated" is "additional"
+            if kw in raw and not applicators:
+                value = raw.pop(kw)
+                raw.setdefault(plain, value)
+        return raw
+
+    def children(self, own: dict, pointer: str) -> dict:
+        out = dict(own)
+        for kw in _CHILD_MAPS:
+            if kw in own:
+                if kw == "patternProperties":
+                    for key in own[kw]:
+                        self.check_key_pattern(key, f"{pointer}/{kw}")
+                out[kw] = {name: self.node(sub, f"{pointer}/{kw}/{_escape(name)}") for name, sub in own[kw].items()}
+        for kw in _CHILD_VALUES:
+            if kw in own:
+                out[kw] = self.node(own[kw], f"{pointer}/{kw}")
+        if "prefixItems" in own:
+            out["prefixItems"] = [self.node(sub, f"{pointer}/prefixItems/{i}") for i, sub in enumerate(own["prefixItems"])]
+        return out
+
+    def check_key_pattern(self, pattern: str, pointer: str) -> None:
+        try:
+            parse_regex(pattern)
+        except RegexRefused as e:
+            self.refuse("patternProperties", pointer, f"pattern {pattern!r}: {e}")
+
+    def enum(self, raw: dict, pointer: str) -> Any:
+        values = raw["enum"] if "enum" in raw else [raw["const"]]
+        if "const" in raw and "enum" in raw:
+            values = [raw["const"]] if raw["const"] in raw["enum"] else []
+        rest = {k: v for k, v in raw.items() if k not in ("enum", "const")}
+        if rest:  # the values the other keywords let through: exact, whatever those keywords are
+            check = self.root_validator().evolve(schema=rest)
+            try:
+                values = [v for v in values if check.is_valid(v)]
+            except Exception as e:  # an unresolvable reference
+                self.refuse("enum", pointer, f"enum values cannot be checked against their siblings: {e}")
+        if not values:
+            raise Unsatisfiable("enum", pointer, "no enum value satisfies the other keywords")
+        return {"const": values[0]} if len(values) == 1 else {"enum": list(values)}
+
+    def root_validator(self):
+        if self._root_validator is None:
+            self._root_validator = self.cls(self.root)
+        return self._root_validator
+
+    # ---- oneOf -----------------------------------------------------------------------------
+    def check_one_of(self, branches: list, pointer: str) -> None:
+        """oneOf is enforced as anyOf, the same only where no value can match two branches."""
+        if len(branches) < 2:
+            return
+        types = [self.json_types(b) for b in branches]
+        if all(t is not None for t in types) and all(
+                not (types[i] & types[j]) for i in range(len(types)) for j in range(i + 1, len(types))):
+            return
+        if self.discriminated(branches):
+            return
+        self.refuse("oneOf", pointer, "'oneOf' whose branches may overlap (enforced as anyOf, an output could "
+                                      "match two branches); use anyOf, or give each branch a distinct type or const tag")
+
+    def json_types(self, node: Any, depth: int = 0) -> Optional[frozenset]:
+        """The JSON types a normal-form node admits ("integer" as "number"); None when any."""
+        node = self.inline(node)
+        if node is False:
+            return frozenset()
+        if node == {} or depth > 8:
+            return None
+        if "const" in node or "enum" in node:
+            values = node.get("enum", [node.get("const")])
+            return frozenset(_json_type(v) for v in values)
+        if "anyOf" in node:
+            parts = [self.json_types(b, depth + 1) for b in node["anyOf"]]
+            return None if None in parts else frozenset().union(*parts)
+        return frozenset({"number" if node["type"] == "integer" else node["type"]})
+
+    def discriminated(self, branches: list) -> bool:
+        """Every branch an object that requires one shared property fixed to a distinct value."""
+        resolved = [self.inline(b) for b in branches]
+        if not all(isinstance(b, dict) and b.get("type") == "object" for b in resolved):
+            return False
+        for name in set.intersection(*(set(b.get("required", [])) for b in resolved)):
+            tags = [self.inline(b.get("properties", {}).get(name)) for b in resolved]
+            if all(isinstance(t, dict) and "const" in t for t in tags):
+                keys = [repr(t["const"]) for t in tags]
+                if len(set(keys)) == len(keys):
+                    return True
+        return False
+
+    # ---- references ------------------------------------------------------------------------
+    def locate(self, ref: str, pointer: str) -> str:
+        """The JSON pointer (into the original document) that `ref` names."""
+        base, _, fragment = ref.partition("#")
+        if base and base.rstrip("/") not in self.root_ids():
+            self.refuse("$ref", pointer, f"'$ref' {ref!r} refers outside this schema")
+        fragment = unquote(fragment)
+        if fragment and not fragment.startswith("/"):
+            target = self.anchors().get(fragment)
+            if target is None:
+                self.refuse("$ref", pointer, f"'$ref' {ref!r}: no subschema has that anchor")
+            return target
+        self.resolve(fragment, pointer, ref)
+        return fragment
+
+    def resolve(self, location: str, pointer: str = "", ref: str = "") -> Any:
+        node: Any = self.root
+        for part in location.split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, Mapping) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                self.refuse("$ref", pointer, f"'$ref' {ref or location!r} points at nothing in this schema")
+        return node
+
+    def root_ids(self) -> set[str]:
+        ids = {self.root.get(k) for k in ("$id", "id")} if isinstance(self.root, Mapping) else set()
+        return {i.split("#")[0].rstrip("/") for i in ids if isinstance(i, str)}
+
+    def anchors(self) -> dict[str, str]:
+        if self._anchors is None:
+            self._anchors = {}
+            stack: list[tuple[Any, str]] = [(self.root, "")]
+            while stack:
+                node, where = stack.pop()
+                if isinstance(node, Mapping):
+                    for key in ("$anchor", "$id", "id"):
+                        value = node.get(key)
+                        if isinstance(value, str) and (key == "$anchor" or value.startswith("#")):
+                            self._anchors.setdefault(value.lstrip("#"), where)
+                    stack.extend((v, f"{where}/{_escape(str(k))}") for k, v in node.items())
+                elif isinstance(node, list):
+                    stack.extend((v, f"{where}/{i}") for i, v in enumerate(node))
+        return self._anchors
+
+    def reference(self, ref: str, pointer: str) -> dict:
+        """A `$ref` alone: its target normalised once into `$defs`, referred to by name."""
+        location = self.locate(ref, pointer)
+        name = self.names.get(location)
+        if name is None:
+            name = self.unique_name(location)
+            self.names[location], self.locations[name] = name, location
+            self.defs[name] = None
+            target = self.node(self.resolve(location), location)
+            if target is False:
+                self.refuse("$ref", pointer, f"'$ref' {ref!r} names a false schema: nothing satisfies it")
+            if target == {"$ref": f"#/$defs/{name}"}:
+                self.refuse("$ref", pointer, f"'$ref' {ref!r} refers to itself and to nothing else")
+            self.defs[name] = target
+        return {"$ref": f"#/$defs/{name}"}
+
+    def body(self, location: str) -> Any:
+        """The target at `location` normalised where it is used, to be merged with siblings;
+        a target that needs itself expanded to be merged is refused."""
+        if location in self.inlining:
+            self.refuse("$ref", location, "a recursive reference merged with sibling keywords would need "
+                                          "itself expanded without end")
+        self.inlining.append(location)
+        try:
+            return self.inline(self.node(self.resolve(location), location))
+        finally:
+            self.inlining.pop()
+
+    def unique_name(self, location: str) -> str:
+        last = location.rsplit("/", 1)[-1].replace("~1", "/").replace("~0", "~") or "root"
+        base = re.sub(r"[^A-Za-z0-9_]", "_", last)[:48] or "def"
+        name, i = base, 1
+        while name in self.locations:
+            i += 1
+            name = f"{base}_{i}"
+        return name
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
