@@ -35,6 +35,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="structured-output backend")
     p.add_argument("--grammar-compile-timeout", type=float, default=d.grammar_compile_timeout,
                    help="seconds a grammar may take to compile")
+    p.add_argument("--grammar-any-whitespace", action="store_true",
+                   help="let constrained JSON hold any whitespace between tokens (default: compact)")
     p.add_argument("--max-failed-steps", type=int, default=d.max_failed_steps,
                    help="consecutive failed engine steps after which the engine stops (the server exits non-zero)")
     p.add_argument("--seed", type=int, default=d.seed)

@@ -30,6 +30,9 @@ class EngineConfig:
     disable_cuda_graph: bool = False     # CUDA: run decode steps eagerly instead of replaying graphs
     grammar_backend: str = "xgrammar"    # xgrammar | outlines-core
     grammar_compile_timeout: float = 30.0  # seconds
+    # JSON comes out compact (no whitespace between tokens, as OpenAI's); True lets the model put
+    # any whitespace there (vLLM's structured outputs default; a small model may loop on it)
+    grammar_any_whitespace: bool = False
     # consecutive failed steps after which the engine stops serving (a CUDA error is sticky: every
     # later step fails too); the server then exits non-zero so that a supervisor restarts it
     max_failed_steps: int = 3

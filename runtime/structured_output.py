@@ -31,8 +31,9 @@ class MaskTimings:
 class StructuredOutput:
     def __init__(self, backend_name: str, tokenizer: Tokenizer, model_vocab_size: int,
                  stop_token_ids: Sequence[int], max_rows: int, compile_timeout_s: float,
-                 pin_bitmask: bool = False):
+                 pin_bitmask: bool = False, any_whitespace: bool = False):
         self.backend_name = backend_name
+        self.any_whitespace = any_whitespace
         self._tokenizer = tokenizer
         self._vocab_size = model_vocab_size
         self._stop_ids = tuple(stop_token_ids)
@@ -49,7 +50,7 @@ class StructuredOutput:
         with self._lock:
             if self.backend is None:
                 vocab = self._tokenizer.vocab_info(self._vocab_size, extra_stop_ids=self._stop_ids)
-                backend = make_grammar_backend(self.backend_name, vocab)
+                backend = make_grammar_backend(self.backend_name, vocab, any_whitespace=self.any_whitespace)
                 # one allocation, reused every step
                 self.bitmask = backend.allocate_bitmask(self._max_rows, pin_memory=self._pin_bitmask)
                 self.compiler = GrammarCompiler(backend, timeout_s=self._timeout)
