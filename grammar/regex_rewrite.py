@@ -309,6 +309,12 @@ def rewrite_pattern(pattern: str, min_length: int = 0, max_length: Optional[int]
     implied = lo >= min_length and (max_length is None or (hi is not None and hi <= max_length))
     if not implied:
         bounded = _bound(node, min_length, max_length)
+        if bounded is None and not exact:
+            # the whole-string reading leaves no room for the lengths: the search reading
+            # (anything before an unanchored start, after an unanchored end) may
+            pad = Repeat(Atom(r"[\s\S]"), 0, None)
+            searched = Seq(((pad,) if not anchored_start else ()) + (Group(node),) + ((pad,) if not anchored_end else ()))
+            bounded = _bound(searched, min_length, max_length)
         if bounded is None:
             raise RegexRefused(f"cannot fold minLength {min_length} / maxLength {max_length} into the pattern")
         node = bounded

@@ -273,12 +273,13 @@ def _object(kw: dict, pointer: str, ctx: Context) -> dict:
         if additional is False and not matching(patterns, name):
             del props[name]  # left to additionalProperties: false, which forbids it just the same
         else:
-            ctx.refuse("properties", f"{pointer}/properties/{_escape(name)}",
-                       "a property whose schema is false (a forbidden property) cannot be enforced here")
+            # the pointer of the object: a merge may have made the property false
+            ctx.refuse("properties", pointer, f"property '{name}' has the schema false (a forbidden property), "
+                                              "which cannot be enforced here")
     for pattern, sub in patterns.items():
         if sub is False:
-            ctx.refuse("patternProperties", f"{pointer}/patternProperties/{_escape(pattern)}",
-                       "a false subschema cannot be enforced here")
+            ctx.refuse("patternProperties", pointer, f"patternProperties {pattern!r}: a false subschema cannot be "
+                                                     "enforced here")
     if kw.get("propertyNames") is False:
         ctx.refuse("propertyNames", pointer, "a false subschema cannot be enforced here")
     min_p, max_p = kw.get("minProperties", 0), kw.get("maxProperties")
@@ -313,6 +314,9 @@ def _array(kw: dict, pointer: str, ctx: Context) -> dict:
         max_i = len(prefix) if max_i is None else min(max_i, len(prefix))
     if max_i is not None and min_i > max_i:
         raise Unsatisfiable("minItems", pointer, "minItems is above the most items the array may hold")
+    if ctx.support.prefix_items_only and prefix and min_i > len(prefix):
+        ctx.refuse("minItems", pointer, f"'minItems' beyond 'prefixItems' ({ctx.support.backend} generates the "
+                                        "prefix items only)")
     out: dict[str, Any] = {"type": "array"}
     if prefix:
         out["prefixItems"] = prefix
@@ -324,6 +328,3 @@ def _array(kw: dict, pointer: str, ctx: Context) -> dict:
         out["maxItems"] = max_i
     return out
 
-
-def _escape(name: str) -> str:
-    return name.replace("~", "~0").replace("/", "~1")

@@ -27,6 +27,8 @@ def merge_all(nodes: list, pointer: str, ctx: MergeContext) -> Any:
 
 
 def merge(a: Any, b: Any, pointer: str, ctx: MergeContext) -> Any:
+    """`pointer`: where the merge was asked for (the allOf, the $ref, the anyOf), which every
+    refusal names: the merged children have no place of their own in the original."""
     if a is False or b is False:
         return False
     a, b = ctx.inline(a), ctx.inline(b)
@@ -125,11 +127,11 @@ def _arrays(a: dict, b: dict, pointer: str, ctx: MergeContext) -> dict:
 
     length = max(len(a.get("prefixItems", [])), len(b.get("prefixItems", [])))
     out: dict[str, Any] = {}
-    prefix = [_sub(at(a, i), at(b, i), f"{pointer}/prefixItems/{i}", ctx) for i in range(length)]
+    prefix = [_sub(at(a, i), at(b, i), pointer, ctx) for i in range(length)]
     if prefix:
         out["prefixItems"] = prefix
     if "items" in a or "items" in b:
-        out["items"] = _sub(a.get("items", {}), b.get("items", {}), f"{pointer}/items", ctx)
+        out["items"] = _sub(a.get("items", {}), b.get("items", {}), pointer, ctx)
     mins = [s["minItems"] for s in (a, b) if "minItems" in s]
     maxs = [s["maxItems"] for s in (a, b) if "maxItems" in s]
     if mins:
@@ -150,13 +152,13 @@ def _objects(a: dict, b: dict, pointer: str, ctx: MergeContext) -> dict:
     out: dict[str, Any] = {}
     if names:
         out["properties"] = {n: _sub(_effective(a, n, pointer, ctx), _effective(b, n, pointer, ctx),
-                                     f"{pointer}/properties/{n}", ctx) for n in names}
+                                     pointer, ctx) for n in names}
     required = list(dict.fromkeys([*a.get("required", []), *b.get("required", [])]))
     if required:
         out["required"] = required
     if "additionalProperties" in a or "additionalProperties" in b:
         out["additionalProperties"] = _sub(a.get("additionalProperties", {}), b.get("additionalProperties", {}),
-                                           f"{pointer}/additionalProperties", ctx)
+                                           pointer, ctx)
     patterns = dict(a.get("patternProperties", {}))
     for key, sub in b.get("patternProperties", {}).items():
         patterns[key] = _sub(patterns[key], sub, pointer, ctx) if key in patterns else sub

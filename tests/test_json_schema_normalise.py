@@ -224,7 +224,7 @@ def test_draft4_boolean_exclusive_bounds_are_read_as_draft4():
     ({"type": "object", "properties": {"l": {"type": "array", "uniqueItems": True}}}, "uniqueItems", "/properties/l"),
     ({"oneOf": [{"type": "integer"}, {"type": "integer", "minimum": 3}]}, "oneOf", "/"),
     ({"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.5}}}, "multipleOf", "/properties/x"),
-    ({"type": "object", "properties": {"x": False}}, "properties", "/properties/x"),
+    ({"type": "object", "properties": {"x": False}}, "properties", "/"),
     ({"not": {"type": "string"}}, "not", "/"),
     ({"type": "integer", "minimum": "five"}, "type", "/minimum"),
 ])
