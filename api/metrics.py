@@ -33,6 +33,11 @@ class _EngineCollector(Collector):
                                 value=s.num_waiting)
         yield GaugeMetricFamily("radixserve_kv_cache_usage_ratio",
                                 "Share of KV pages held by requests or the prefix tree", value=s.kv_cache_usage)
+        pages = GaugeMetricFamily("radixserve_kv_pages", "KV pages by owner: held by running requests (used), "
+                                  "owned by the prefix tree (cached), free", labels=["state"])
+        for state, value in (("used", s.kv_pages_used), ("cached", s.kv_pages_cached), ("free", s.kv_pages_free)):
+            pages.add_metric([state], value)
+        yield pages
         for name, doc, value in (
             ("radixserve_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
              s.prefix_cache_queried_tokens),
