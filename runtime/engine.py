@@ -131,7 +131,8 @@ class Engine:
 
         self.structured = StructuredOutput(config.grammar_backend, self.tokenizer, files.config.vocab_size,
                                            self.eos_token_ids, config.max_running_requests,
-                                           config.grammar_compile_timeout, self.platform.pin_host_buffers)
+                                           config.grammar_compile_timeout, self.platform.pin_host_buffers,
+                                           any_whitespace=config.grammar_any_whitespace)
         self._grammar_pending: list[Request] = []  # engine thread only: waiting for their grammar
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}    # submitted and not yet finished (guarded by _lock)
