@@ -4,7 +4,8 @@ llama.cpp's schema grammars: at most 16 integer digits and 16 fraction digits; t
 2 digits. Any number so bounded is still a number the schema accepts.
 
 The backends build their grammars from JSON Schema, which cannot say "digits"; so the bound is put
-into what each backend builds: xgrammar's EBNF (its shared number rules) and outlines-core's regex.
+into what each backend builds: xgrammar's EBNF (its shared number rules) and outlines-core's own
+digit keywords and regex.
 A number the schema bounds by range keeps the backend's own range rule (`json_schema` gives every
 one-sided range its other side)."""
 from __future__ import annotations
@@ -30,11 +31,18 @@ _XGRAMMAR_RULES = (
      f'basic_number_5 ::= ("" | ([eE] basic_number_4 basic_number_digits{{1, {EXPONENT_DIGITS}}}))'),
 )
 
-# outlines-core 0.2's regexes for a number and an integer (the number first: it contains the other)
-_OUTLINES_PATTERNS = (
-    (r"((-)?(0|[1-9][0-9]*))(\.[0-9]+)?([eE][+-][0-9]+)?",
-     rf"((-)?(0|[1-9]{_REST}))(\.[0-9]{{1,{FRACTION_DIGITS}}})?([eE][+-][0-9]{{1,{EXPONENT_DIGITS}}})?"),
-    (r"(-)?(0|[1-9][0-9]*)", rf"(-)?(0|[1-9]{_REST})"),
+# outlines-core 0.2 takes digit keywords of its own: right for integers and for a number's fraction
+# and exponent, wrong for a number's integer part (it would forbid 5), which the regex rewrite below
+# bounds instead. Free-form values (json_object, `{}`) stay unbounded there: bounding their numbers
+# multiplies the states of outlines-core's generic JSON automaton (14 s to 33 s to build).
+OUTLINES_DIGIT_KEYWORDS = {
+    "integer": {"maxDigits": INTEGER_DIGITS},
+    "number": {"minDigitsFraction": 1, "maxDigitsFraction": FRACTION_DIGITS,
+               "minDigitsExponent": 1, "maxDigitsExponent": EXPONENT_DIGITS},
+}
+_OUTLINES_NUMBER = (
+    rf"((-)?(0|[1-9][0-9]*))(\.[0-9]{{1,{FRACTION_DIGITS}}})?([eE][+-][0-9]{{1,{EXPONENT_DIGITS}}})?",
+    rf"((-)?(0|[1-9]{_REST}))(\.[0-9]{{1,{FRACTION_DIGITS}}})?([eE][+-][0-9]{{1,{EXPONENT_DIGITS}}})?",
 )
 
 
@@ -54,7 +62,6 @@ def bound_xgrammar_ebnf(ebnf: str) -> str:
 
 
 def bound_outlines_regex(regex: str) -> str:
-    """outlines-core's regex for a JSON schema with every number digit-bounded."""
-    for old, new in _OUTLINES_PATTERNS:
-        regex = regex.replace(old, new)
-    return regex
+    """outlines-core's regex for a schema whose numbers carry OUTLINES_DIGIT_KEYWORDS with the
+    integer part of those numbers bounded as well."""
+    return regex.replace(*_OUTLINES_NUMBER)

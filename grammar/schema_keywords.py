@@ -177,8 +177,8 @@ def _integer_range(kw: dict, pointer: str, ctx: Context) -> dict:
     out: dict[str, Any] = {"type": "integer"}
     if "multipleOf" in kw:
         out["multipleOf"] = kw["multipleOf"]
-    if not ctx.support.enforces_ranges:  # refused later by keyword, if any is there
-        out.update({k: kw[k] for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in kw})
+    if not ctx.support.enforces_ranges:  # the bounds were refused by keyword already
+        out.update((ctx.support.digit_keywords or {}).get("integer", {}))
         return out
     # inclusive integer bounds: the same integers, and xgrammar takes no float bound
     lows = [math.ceil(kw["minimum"])] if "minimum" in kw else []
@@ -207,8 +207,8 @@ def _integer_range(kw: dict, pointer: str, ctx: Context) -> dict:
 def _number_range(kw: dict, pointer: str, ctx: Context) -> dict:
     out: dict[str, Any] = {"type": "number"}
     bounds = {k: kw[k] for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum") if k in kw}
-    if not ctx.support.enforces_ranges:
-        return {**out, **bounds}
+    if not ctx.support.enforces_ranges:  # the bounds were refused by keyword already
+        return {**out, **(ctx.support.digit_keywords or {}).get("number", {})}
     if not bounds:
         return out  # digits bounded by the backend's number rule
     low = _tighter(bounds, "minimum", "exclusiveMinimum", max)

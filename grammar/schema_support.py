@@ -7,8 +7,9 @@ to other keywords, `pattern` next to lengths, `enum` next to anything), so it is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
+from radixserve.grammar.number_bounds import OUTLINES_DIGIT_KEYWORDS
 from radixserve.grammar.spec import GrammarError
 
 # Assertions that neither backend turns into grammar rules.
@@ -41,6 +42,8 @@ class SchemaSupport:
     multiple_of_integers_only: bool = True
     # prefixItems: the backend generates exactly the prefix (then minItems beyond it is refused)
     prefix_items_only: bool = False
+    # digits of unranged numbers bounded by these keywords (type -> keywords) in the normal form
+    digit_keywords: Optional[Mapping[str, Mapping[str, int]]] = None
 
     def check(self, schema: Any, pointer: str = "") -> None:
         """Raise SchemaRefusal for a normalised `schema` that uses what this backend would drop.
@@ -85,4 +88,5 @@ OUTLINES_SUPPORT = SchemaSupport(
     enforces_ranges=False,
     multiple_of_integers_only=False,  # refused outright above
     prefix_items_only=True,
+    digit_keywords=OUTLINES_DIGIT_KEYWORDS,
 )
