@@ -13,9 +13,8 @@ def permute_for_gguf(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_llama_gguf(hf_model, path: Path, default_files) -> Path:
     import gguf
-    from gguf import GGUFReader
 
-    from radixserve.runtime.models.gguf_loader import read_fields
+    from radixserve.runtime.models.gguf_file import read_gguf
     from radixserve.runtime.models.loader import default_model_path
 
     cfg = hf_model.config
@@ -28,7 +27,7 @@ def write_llama_gguf(hf_model, path: Path, default_files) -> Path:
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    fields = read_fields(GGUFReader(str(default_model_path())))
+    fields, _ = read_gguf(default_model_path())
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(fields["tokenizer.ggml.pre"])
     w.add_token_list(fields["tokenizer.ggml.tokens"])

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from radixserve.runtime.models.gguf_file import GGUFTensor, read_gguf
 from radixserve.runtime.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
 from radixserve.runtime.models.loader import Int4Weight, ModelFiles, ModelLoadError
 from radixserve.runtime.tokenizer import Tokenizer
@@ -19,16 +20,6 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
-
-def read_fields(reader) -> dict[str, Any]:
-    out = {}
-    for key, field in reader.fields.items():
-        try:
-            out[key] = field.contents()
-        except Exception:  # a field type this gguf version cannot decode; we never need those
-            continue
-    return out
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -60,6 +51,26 @@ def int4_from_blocks(data: np.ndarray, kind: str, rows: int, cols: int) -> Int4W
     return Int4Weight(q.astype(np.uint8), d, zero, 32)
 
 
+def dequantize(t: GGUFTensor) -> np.ndarray:
+    """float32, rows x cols. The types the default model uses in numpy (whole-array ops); the rest
+    through the gguf package's per-block loops."""
+    kind = t.tensor_type.name
+    if kind in ("Q4_0", "Q4_1") and t.data.ndim == 2:
+        rows, cols = t.data.shape[0], t.shape[0]
+        q4 = int4_from_blocks(t.data, kind, rows, cols)
+        groups = q4.q.reshape(rows, cols // 32, 32).astype(np.float32) - 8.0
+        return (groups * q4.scale[..., None] + q4.zero[..., None]).reshape(rows, cols)
+    if kind == "Q8_0" and t.data.ndim == 2:
+        rows, cols = t.data.shape[0], t.shape[0]
+        b = np.ascontiguousarray(t.data).reshape(rows, cols // 32, 34)
+        d = b[..., 0:2].copy().view(np.float16).astype(np.float32)  # rows x blocks x 1
+        return (b[..., 2:].view(np.int8).astype(np.float32) * d).reshape(rows, cols)
+    if kind in ("F32", "F16"):
+        return t.data.astype(np.float32)
+    from gguf.quants import dequantize as gguf_dequantize
+    return np.asarray(gguf_dequantize(t.data, t.tensor_type), dtype=np.float32)
+
+
 def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> ModelConfig:
     arch = f.get("general.architecture")
     if arch not in ARCHITECTURES:
@@ -86,19 +97,14 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
 
 
 def load_gguf(path: Path, name: str) -> ModelFiles:
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
     try:
-        reader = GGUFReader(str(path))
+        fields, tensors = read_gguf(path)
     except Exception as e:
         raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
-    fields = read_fields(reader)
-    tensors = {t.name: t for t in reader.tensors}
     vocab = len(fields.get("tokenizer.ggml.tokens", [])) or tensors["token_embd.weight"].shape[-1]
     config = config_from_fields(fields, "output.weight" in tensors, vocab)
     if "rope_freqs.weight" in tensors:  # llama3-style scaling stored as per-frequency divisors
-        factors = dequantize(tensors["rope_freqs.weight"].data, tensors["rope_freqs.weight"].tensor_type)
+        factors = dequantize(tensors["rope_freqs.weight"])
         config.rope_scaling = {"rope_type": "factors", "factors": np.asarray(factors).reshape(-1).tolist()}
     weights: dict[str, torch.Tensor] = {}
     int4: dict[str, Int4Weight] = {}
@@ -107,7 +113,7 @@ def load_gguf(path: Path, name: str) -> ModelFiles:
             hname = hf_name(gname)
             if hname is None:
                 continue
-            w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            w = dequantize(t)
             w = w.reshape([int(d) for d in reversed(t.shape)])
             q4 = None
             if t.tensor_type.name in ("Q4_0", "Q4_1") and w.ndim == 2:
