@@ -47,7 +47,21 @@ ERROR_RESPONSE_SCHEMA: dict[str, Any] = {
     }},
 }
 
-_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "required": True,
+# Sent when waiting helps (model_loading, overloaded, shutting_down), not when the engine has stopped
+# or stalled: then a health check fails and retrying this server will not help.
+# OpenAPI 3.1 has the schema of an event stream describe one event.
+_STREAM_EVENT = {
+    "title": "ServerSentEvent",
+    "description": "With `stream: true`: one event per chunk, `data: {chunk as JSON}`, then `data: [DONE]`; "
+                   "an error after the stream began comes as one `data: {error body}` event.",
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"anyOf": [{"const": "[DONE]"},
+                                      {"type": "string", "contentMediaType": "application/json"}]}},
+}
+
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying, when the condition is "
+                                               "transient", "required": False,
                                 "schema": {"type": "integer", "minimum": 0}}}
 _WWW_AUTHENTICATE = {"WWW-Authenticate": {"description": "`Bearer`", "required": True,
                                           "schema": {"type": "string"}}}
@@ -156,9 +170,7 @@ def _complete_operation(path: str, operation: dict[str, Any], schemas: dict[str,
         ok["content"] = {"text/plain": {"schema": {"type": "string"},
                                         "description": "Prometheus text exposition format"}}
     if "stream" in fields:
-        ok.setdefault("content", {})["text/event-stream"] = {
-            "schema": {"type": "string"},
-            "description": "with `stream: true`: server-sent events, one `data: {chunk}` each, then `data: [DONE]`"}
+        ok.setdefault("content", {})["text/event-stream"] = {"schema": copy.deepcopy(_STREAM_EVENT)}
     if body is not None or operation.get("parameters"):
         responses["400"] = _error(_BAD_REQUEST)
     if path.startswith("/v1/"):
@@ -170,7 +182,8 @@ def _complete_operation(path: str, operation: dict[str, Any], schemas: dict[str,
         responses["404"] = _error("The `model` named is not the one this server serves (`model_not_found`).")
     responses["500"] = _error("An internal error; the message names the request id to find in the server log.")
     responses["503"] = _error("Not serving now: the model is still loading (`model_loading`), too many requests "
-                              "are waiting (`overloaded`) or the server is shutting down.", _RETRY_AFTER)
+                              "are waiting (`overloaded`), the server is draining (`shutting_down`) - these "
+                              "with Retry-After - or the engine has stopped or stalled.", _RETRY_AFTER)
 
 
 def _fill_model_limits(node: Any, limits: dict[str, int]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
@@ -37,8 +37,21 @@ def schema_only(**keywords: Any) -> Any:
 
 
 StopString = Annotated[str, schema_only(minLength=1)]
-TokenId = Annotated[int, schema_only(minimum=0, **{MODEL_LIMIT: "vocab_size"})]
-TokenBudget = Annotated[int, Field(ge=1), schema_only(**{MODEL_LIMIT: "max_new_tokens"})]
+def _whole_number(value: Any) -> Any:
+    # JSON Schema counts 2.0 as an integer, and so does the document; strict mode alone would not.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(**constraints: Any) -> Any:
+    """An int type with Field constraints that takes 2.0 as 2. (The converter goes outside the
+    constraints: wrapped the other way round, pydantic writes them into the schema unconverted.)"""
+    return Annotated[int, Field(**constraints), BeforeValidator(_whole_number)]
+
+
+Int = integer()
+TokenId = integer(json_schema_extra={"minimum": 0, MODEL_LIMIT: "vocab_size"})
+TokenBudget = integer(ge=1, json_schema_extra={MODEL_LIMIT: "max_new_tokens"})
+TopLogprobs = integer(ge=0, le=MAX_TOP_LOGPROBS)
 # Regex and grammar text: GrammarSpec refuses an empty or all-blank one before compiling.
 GrammarText = Annotated[str, schema_only(pattern=r"\S")]
 
@@ -59,7 +72,8 @@ class _Strict(BaseModel):
 # ---- messages --------------------------------------------------------------------------------
 class FunctionCall(_Strict):
     name: str
-    arguments: str = "{}"
+    # JSON text (api/chat_prompt.py refuses any other); a schema can only say so as an annotation.
+    arguments: Annotated[str, schema_only(contentMediaType="application/json")] = "{}"
 
 
 class AssistantToolCall(_Strict):
@@ -200,27 +214,27 @@ class GenerationRequest(_Strict):
     """Fields shared by chat and text completions."""
     model: Optional[str] = None
     max_tokens: Optional[TokenBudget] = None
-    temperature: Optional[Annotated[float, Field(ge=0.0), schema_only(maximum=MAX_TEMPERATURE)]] = None
+    temperature: Optional[Annotated[float, Field(ge=0.0, json_schema_extra={"maximum": MAX_TEMPERATURE})]] = None
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: integer(ge=1, le=MAX_N) = 1
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[StopString, Annotated[list[StopString], schema_only(maxItems=MAX_STOP_STRINGS)]]] = None
-    seed: Optional[int] = None
+    seed: Optional[Int] = None
     presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: Optional[Annotated[dict[str, float], schema_only(maxProperties=0)]] = None  # see _no_logit_bias
     user: Optional[str] = None
     metadata: Optional[dict[str, Any]] = None
     # vLLM / SGLang sampling extras
-    top_k: Optional[int] = Field(default=None, ge=-1)
+    top_k: Optional[integer(ge=-1)] = None
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: Optional[Annotated[float, Field(gt=0.0), schema_only(maximum=MAX_REPETITION_PENALTY)]] = None
-    min_tokens: Optional[int] = Field(default=None, ge=0)
+    repetition_penalty: Optional[Annotated[float, Field(gt=0.0, json_schema_extra={"maximum": MAX_REPETITION_PENALTY})]] = None
+    min_tokens: Optional[integer(ge=0)] = None
     ignore_eos: bool = False
     stop_token_ids: Optional[list[TokenId]] = None
     skip_special_tokens: bool = True
-    priority: Optional[int] = None
+    priority: Optional[Int] = None
     # structured output, every spelling clients use (at most one per request)
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None
@@ -261,7 +275,7 @@ class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[TokenBudget] = None
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: Optional[TopLogprobs] = None
     tools: Optional[list[ToolDefinition]] = None
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Optional[bool] = None
@@ -276,6 +290,10 @@ class ChatCompletionRequest(GenerationRequest):
     @property
     def requested_max_tokens(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def _is_token_id(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
 
 
 # Each prompt must come to at least one token (the engine refuses an empty one).
@@ -295,10 +313,10 @@ class CompletionRequest(GenerationRequest):
     model_config = ConfigDict(json_schema_extra=_completion_rules)
 
     prompt: PromptInput
-    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: Optional[TopLogprobs] = None
     echo: bool = False
     suffix: Optional[Annotated[str, schema_only(maxLength=0)]] = None    # see _no_suffix
-    best_of: Optional[Annotated[int, schema_only(const=1)]] = None       # see _best_of_one
+    best_of: Optional[integer(json_schema_extra={"const": 1})] = None       # see _best_of_one
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -310,11 +328,10 @@ class CompletionRequest(GenerationRequest):
             raise ValueError("must be a string, a list of strings, or a list of token ids (non-empty)")
         if all(isinstance(v, str) for v in value):
             return value
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return value
-        if all(isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-               for v in value):
-            return value
+        if all(_is_token_id(v) for v in value):
+            return [_whole_number(v) for v in value]
+        if all(isinstance(v, list) and v and all(_is_token_id(t) for t in v) for v in value):
+            return [[_whole_number(t) for t in v] for v in value]
         raise ValueError("must be a string, a list of strings, a list of token ids or a list of such lists")
 
     @field_validator("suffix")
