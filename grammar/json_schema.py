@@ -183,6 +183,10 @@ class _Normaliser:
             if kw in raw:
                 branches = [self.node(sub, f"{pointer}/{kw}/{i}", inner) for i, sub in enumerate(raw[kw])]
                 if kw == "oneOf":
+                    exclusive = self.exclusive_keys(result, raw[kw], pointer)
+                    if exclusive is not None:
+                        result = exclusive
+                        continue
                     self.check_one_of(branches, pointer)
                 merged = []
                 for branch in branches:
@@ -272,6 +276,30 @@ class _Normaliser:
             return
         self.refuse("oneOf", pointer, "'oneOf' whose branches may overlap (enforced as anyOf, an output could "
                                       "match two branches); use anyOf, or give each branch a distinct type or const tag")
+
+    def exclusive_keys(self, parent: Any, raw_branches: list, pointer: str) -> Optional[Any]:
+        """`oneOf: [{required: [a]}, {required: [b]}]` on a closed object: exactly one of the
+        keys. Exact as an anyOf whose branch for `a` leaves `b` out of the properties, which the
+        closed object then forbids. None where that shape is not there."""
+        keys = []
+        for raw in raw_branches:
+            required = raw.get("required") if isinstance(raw, Mapping) else None
+            if (not isinstance(required, list) or len(required) != 1
+                    or set(raw) - {"required", "title", "description", "$comment"}):
+                return None
+            keys.append(required[0])
+        parent = self.inline(parent)
+        if (len(set(keys)) != len(keys) or not isinstance(parent, dict) or parent.get("type") != "object"
+                or parent.get("additionalProperties") is not False or parent.get("patternProperties")):
+            return None
+        branches = []
+        for key in keys:
+            props = {n: v for n, v in parent.get("properties", {}).items() if n == key or n not in keys}
+            try:
+                branches.append(merge({**parent, "properties": props}, {"type": "object", "required": [key]}, pointer, self))
+            except Unsatisfiable:
+                pass
+        return any_of(branches, f"{pointer}/oneOf")
 
     def json_types(self, node: Any, depth: int = 0) -> Optional[frozenset]:
         """The JSON types a normal-form node admits ("integer" as "number"); None when any."""

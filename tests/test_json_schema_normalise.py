@@ -168,6 +168,16 @@ def test_one_of_with_a_const_tag_in_each_branch_is_enforced_as_any_of():
     assert len(normal(schema)["anyOf"]) == 2
 
 
+def test_one_of_mutually_exclusive_keys_of_a_closed_object_is_exact():
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {"uses": {"type": "string"}, "run": {"type": "string"}, "name": {"type": "string"}},
+              "oneOf": [{"required": ["uses"]}, {"required": ["run"]}]}
+    result = normalise_json_schema(schema, XGRAMMAR_SUPPORT)
+    assert result.exact
+    assert [sorted(b["properties"]) for b in result.schema["anyOf"]] == [["name", "uses"], ["name", "run"]]
+    assert refusal({**schema, "additionalProperties": True}).keyword == "oneOf"
+
+
 def test_enum_is_filtered_by_its_siblings():
     assert normal({"type": "string", "enum": ["a", "bb", "ccc", 4], "maxLength": 2}) == {"enum": ["a", "bb"]}
     assert normal({"enum": [1, 20], "maximum": 5}) == {"const": 1}

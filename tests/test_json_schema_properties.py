@@ -1,7 +1,8 @@
 """Property tests of the normalisation pass against jsonschema, the reference: over generated
 schemas in real-world shapes (allOf, $ref with siblings into any key, undeclared required,
 OpenAPI formats, anchored alternatives, patterns beside lengths, one-sided ranges, anyOf beside
-other keywords, oneOf with distinct types, enums beside other keywords, recursion), every instance
+other keywords, oneOf with distinct types or mutually exclusive keys, enums beside other keywords,
+recursion), every instance
 the normalised schema accepts, the original accepts (under the original's draft); where the pass
 says the rewrite is exact, the two agree on instances near the boundary too. A refusal points at a
 place that exists in the original schema."""
@@ -72,7 +73,12 @@ def _extend(children):
     choice = st.builds(lambda props: {"type": "object", "properties": props, "anyOf": [
         {"required": ["a"]}, {"required": ["b"], "properties": {"b": {"type": "integer"}}}]},
         st.dictionaries(st.sampled_from(NAMES), children, max_size=2))
-    return objects | arrays | tuples | all_of | any_of | one_of | choice
+    exclusive = st.builds(lambda props, req: {"type": "object", "properties": props, "required": req,
+                                              "additionalProperties": False,
+                                              "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+                          st.dictionaries(st.sampled_from(NAMES), children, max_size=3),
+                          st.lists(st.sampled_from(NAMES), max_size=1))
+    return objects | arrays | tuples | all_of | any_of | one_of | choice | exclusive
 
 
 subschemas = st.recursive(strings | integers | numbers | misc, _extend, max_leaves=6)
