@@ -258,6 +258,10 @@ class GenerationRequest(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+# Template variables the renderer sets itself (runtime/tokenizer.py apply_chat_template).
+TEMPLATE_RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token")
+
+
 def _chat_rules(schema: dict[str, Any]) -> None:
     schema["allOf"] = [
         # _top_logprobs_needs_logprobs
@@ -279,7 +283,16 @@ class ChatCompletionRequest(GenerationRequest):
     tools: Optional[list[ToolDefinition]] = None
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Optional[bool] = None
-    chat_template_kwargs: Optional[dict[str, Any]] = None
+    chat_template_kwargs: Optional[Annotated[dict[str, Any], schema_only(
+        propertyNames={"not": {"enum": list(TEMPLATE_RESERVED)}})]] = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _not_reserved(cls, value: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        taken = sorted(set(value or {}) & set(TEMPLATE_RESERVED))
+        if taken:
+            raise ValueError(f"{taken[0]!r} is set by the server, not by chat_template_kwargs")
+        return value
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> "ChatCompletionRequest":

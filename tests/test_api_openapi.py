@@ -112,6 +112,9 @@ REFUSED = [
     ("/v1/completions", {"prompt": ""}),
     ("/v1/chat/completions", {"messages": [{"role": "tool"}]}),
     ("/tokenize", {}),
+    # a template variable the renderer sets itself: was a 500 (TypeError in the template call)
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "chat_template_kwargs": {"add_generation_prompt": False}}),
 ]
 ACCEPTED = [
     ("/v1/completions", {"prompt": "x", "max_tokens": 1}),
