@@ -1,0 +1,199 @@
+"""Real-world JSON schemas end to end (issue 21's four targets), on the default model:
+
+  compile    every schema of tests/schemas/corpus.json through the normalisation pass and xgrammar:
+             how many are accepted (of those whose prompt fits the context), the pass's time
+             (median, worst) and the whole compile's (normalisation + grammar + xgrammar).
+  generate   one request per accepted schema (the schema in the prompt, as clients send it) at the
+             default temperature 1.0: finish reasons, and every finished output validated against
+             its original schema with jsonschema under the schema's own draft.
+  parse      `radixserve serve` in a subprocess and the official client's
+             `chat.completions.parse(response_format=<Pydantic model with a float>)`, N calls with
+             max_tokens 120 at the default temperature: how many parse, how many raise
+             LengthFinishReasonError.
+
+Writes bench/results/json_schemas.json. Reports figures, never asserts.
+
+    .venv/bin/python bench/json_schemas.py [--parts compile,generate,parse] [--max-tokens 256] [--calls 50]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from radixserve.grammar import GrammarError, GrammarSpec, make_grammar_backend  # noqa: E402
+from radixserve.grammar.json_schema import normalise_json_schema, validator_class  # noqa: E402
+from radixserve.grammar.schema_support import XGRAMMAR_SUPPORT  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = json.loads((ROOT / "tests" / "schemas" / "corpus.json").read_text())
+RESULTS = ROOT / "bench" / "results" / "json_schemas.json"
+
+
+def prompt_messages(entry: dict) -> list[dict]:
+    schema_text = json.dumps(entry["schema"], separators=(",", ":"))
+    return [{"role": "system", "content": "Reply with one JSON document that follows this JSON schema:\n" + schema_text},
+            {"role": "user", "content": f"Write a realistic example of a {entry['name'].split('/')[-1]}."}]
+
+
+def ms(seconds: list[float]) -> dict:
+    return {"median_ms": round(statistics.median(seconds) * 1000, 2), "worst_ms": round(max(seconds) * 1000, 2)}
+
+
+def part_compile(tokenizer, vocab_size: int, context: int) -> tuple[dict, list[dict]]:
+    backend = make_grammar_backend("xgrammar", tokenizer.vocab_info(vocab_size))
+    normalise_s, compile_s, accepted, refused, too_long = [], [], [], [], []
+    for entry in CORPUS:
+        prompt = tokenizer.apply_chat_template(prompt_messages(entry))
+        if len(tokenizer.encode(prompt, add_special_tokens=False)) >= context:
+            too_long.append(entry["name"])
+            continue
+        t0 = time.perf_counter()
+        try:
+            normalise_json_schema(entry["schema"], XGRAMMAR_SUPPORT)
+        except GrammarError:
+            pass
+        normalise_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        try:
+            backend.compile(GrammarSpec.json_schema(entry["schema"]))
+        except GrammarError as e:
+            refused.append({"name": entry["name"], "keyword": getattr(e, "keyword", None), "message": str(e)})
+            continue
+        compile_s.append(time.perf_counter() - t0)
+        accepted.append(entry)
+    fitting = len(CORPUS) - len(too_long)
+    report = {"schemas": len(CORPUS), "exceed_context": too_long, "fitting": fitting, "accepted": len(accepted),
+              "accepted_share": round(len(accepted) / fitting, 4), "refused": refused,
+              "normalisation": ms(normalise_s), "compile_total": ms(compile_s)}
+    return report, accepted
+
+
+def part_generate(engine, accepted: list[dict], max_tokens: int) -> dict:
+    from radixserve.runtime.sampling_params import SamplingParams
+
+    prompts = [engine.tokenizer.apply_chat_template(prompt_messages(e)) for e in accepted]
+    params = [SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i,
+                             constraint=GrammarSpec.json_schema(e["schema"])) for i, e in enumerate(accepted)]
+    t0 = time.perf_counter()
+    results = engine.generate(prompts, params)
+    elapsed = time.perf_counter() - t0
+    reasons = Counter(r.finish_reason for r in results)
+    invalid = []
+    for entry, result in zip(accepted, results):
+        if result.finish_reason != "stop":
+            continue
+        schema = entry["schema"]
+        try:
+            ok = validator_class(schema)(schema).is_valid(json.loads(result.text))
+        except json.JSONDecodeError:
+            ok = False
+        if not ok:
+            invalid.append({"name": entry["name"], "text": result.text[:400]})
+    return {"requests": len(accepted), "max_tokens": max_tokens, "temperature": 1.0,
+            "finish_reasons": dict(reasons), "finished_invalid": len(invalid), "invalid": invalid,
+            "seconds": round(elapsed, 1)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def part_parse(calls: int, max_tokens: int, concurrency: int) -> dict:
+    import httpx
+    import openai
+    from pydantic import BaseModel
+
+    class Reading(BaseModel):
+        sensor: str
+        value: float
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "radixserve.api.cli", "serve", "--host", "127.0.0.1",
+                               "--port", str(port), "--log-level", "warning"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("radixserve serve did not come up")
+            time.sleep(1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+        model = client.models.list().data[0].id
+
+        def one(i: int) -> str:
+            try:
+                reply = client.chat.completions.parse(
+                    model=model, max_tokens=max_tokens, response_format=Reading,
+                    messages=[{"role": "user", "content": f"Sensor T-{i} reads a temperature. Report the reading."}])
+                return "parsed" if reply.choices[0].message.parsed is not None else "refusal"
+            except openai.LengthFinishReasonError:
+                return "length"
+            except Exception as e:  # noqa: BLE001 - counted, not raised: the figure is the point
+                return f"error: {type(e).__name__}"
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            outcomes = Counter(pool.map(one, range(calls)))
+        return {"calls": calls, "max_tokens": max_tokens, "temperature": "default (not sent)",
+                "outcomes": dict(outcomes), "parsed": outcomes["parsed"], "length_errors": outcomes["length"],
+                "seconds": round(time.perf_counter() - t0, 1)}
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default="compile,generate,parse")
+    ap.add_argument("--max-tokens", type=int, default=256, help="of the generate part")
+    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--concurrency", type=int, default=10)
+    args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    report: dict = {"corpus": "tests/schemas/corpus.json"}
+    if parts & {"compile", "generate"}:
+        from radixserve.runtime.config import EngineConfig
+        from radixserve.runtime.engine import Engine
+
+        engine = Engine(EngineConfig())
+        try:
+            report["compile"], accepted = part_compile(engine.tokenizer, engine.model_config.vocab_size,
+                                                       engine.model_config.max_context_len)
+            print(json.dumps({k: v for k, v in report["compile"].items() if k != "refused"}, indent=1), flush=True)
+            if "generate" in parts:
+                report["generate"] = part_generate(engine, accepted, args.max_tokens)
+                print(json.dumps(report["generate"], indent=1)[:2000], flush=True)
+        finally:
+            engine.shutdown()
+    if "parse" in parts:
+        report["parse"] = part_parse(args.calls, 120, args.concurrency)
+        print(json.dumps(report["parse"], indent=1), flush=True)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.write_text(json.dumps({**previous, **report}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
