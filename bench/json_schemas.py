@@ -111,14 +111,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def part_parse(calls: int, max_tokens: int, concurrency: int) -> dict:
-    import httpx
-    import openai
+def _pydantic_cases():
+    """(name, Pydantic model, prompt of call i): a float first, as the issue's runaway numbers; and
+    a free-text string before the float, where the small model may ramble inside the string."""
     from pydantic import BaseModel
+
+    class Measurement(BaseModel):
+        value: float
+        unit: str
 
     class Reading(BaseModel):
         sensor: str
         value: float
+
+    return [("Measurement(value: float, unit: str)", Measurement,
+             lambda i: f"Measure the temperature of cup number {i} of tea and report it."),
+            ("Reading(sensor: str, value: float)", Reading,
+             lambda i: f"Sensor T-{i} reads a temperature. Report the reading.")]
+
+
+def part_parse(calls: int, max_tokens: int, concurrency: int) -> dict:
+    import httpx
+    import openai
 
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "radixserve.api.cli", "serve", "--host", "127.0.0.1",
@@ -137,24 +151,30 @@ def part_parse(calls: int, max_tokens: int, concurrency: int) -> dict:
             time.sleep(1)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
         model = client.models.list().data[0].id
+        report = {}
+        for name, response_format, prompt in _pydantic_cases():
+            cut: list[str] = []
 
-        def one(i: int) -> str:
-            try:
-                reply = client.chat.completions.parse(
-                    model=model, max_tokens=max_tokens, response_format=Reading,
-                    messages=[{"role": "user", "content": f"Sensor T-{i} reads a temperature. Report the reading."}])
-                return "parsed" if reply.choices[0].message.parsed is not None else "refusal"
-            except openai.LengthFinishReasonError:
-                return "length"
-            except Exception as e:  # noqa: BLE001 - counted, not raised: the figure is the point
-                return f"error: {type(e).__name__}"
+            def one(i: int) -> str:
+                try:
+                    reply = client.chat.completions.parse(model=model, max_tokens=max_tokens, response_format=response_format,
+                                                          messages=[{"role": "user", "content": prompt(i)}])
+                    return "parsed" if reply.choices[0].message.parsed is not None else "refusal"
+                except openai.LengthFinishReasonError as e:
+                    cut.append(e.completion.choices[0].message.content[:200])
+                    return "length"
+                except Exception as e:  # noqa: BLE001 - counted, not raised: the figure is the point
+                    return f"error: {type(e).__name__}"
 
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(concurrency) as pool:
-            outcomes = Counter(pool.map(one, range(calls)))
-        return {"calls": calls, "max_tokens": max_tokens, "temperature": "default (not sent)",
-                "outcomes": dict(outcomes), "parsed": outcomes["parsed"], "length_errors": outcomes["length"],
-                "seconds": round(time.perf_counter() - t0, 1)}
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(concurrency) as pool:
+                outcomes = Counter(pool.map(one, range(calls)))
+            report[name] = {"calls": calls, "max_tokens": max_tokens, "temperature": "default (not sent)",
+                            "outcomes": dict(outcomes), "parsed": outcomes["parsed"],
+                            "length_errors": outcomes["length"], "cut_outputs": cut,
+                            "seconds": round(time.perf_counter() - t0, 1)}
+            print(name, json.dumps(report[name], indent=1), flush=True)
+        return report
     finally:
         server.terminate()
         try:
@@ -188,7 +208,6 @@ def main() -> int:
             engine.shutdown()
     if "parse" in parts:
         report["parse"] = part_parse(args.calls, 120, args.concurrency)
-        print(json.dumps(report["parse"], indent=1), flush=True)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     RESULTS.write_text(json.dumps({**previous, **report}, indent=1) + "\n")

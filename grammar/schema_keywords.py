@@ -250,6 +250,14 @@ def _object(kw: dict, pointer: str, ctx: Context) -> dict:
     required = list(dict.fromkeys(kw.get("required", [])))
     additional = kw.get("additionalProperties")
     patterns = dict(kw.get("patternProperties", {}))
+    for name, sub in list(props.items()):
+        # patternProperties apply to declared properties too; the backends only read `properties`
+        for pattern_schema in matching(patterns, name):
+            try:
+                sub = False if sub is False else ctx.merge(sub, pattern_schema, pointer)
+            except Unsatisfiable:
+                sub = False
+        props[name] = sub
     for name in required:
         if name in props:
             continue

@@ -120,6 +120,15 @@ def test_required_property_forbidden_by_additional_properties_is_unsatisfiable()
     assert "unsatisfiable" in str(error)
 
 
+def test_pattern_properties_apply_to_declared_properties_too():
+    out = normal({"type": "object", "properties": {"a1": {"type": "integer"}, "b": {"type": "string"}},
+                  "patternProperties": {"^a": {"minimum": 0, "maximum": 9}}})
+    assert out["properties"]["a1"] == {"type": "integer", "minimum": 0, "maximum": 9}
+    error = refusal({"type": "object", "required": ["stages"], "properties": {"stages": {"type": "array"}},
+                     "patternProperties": {"^[a-z]+$": {"type": "object"}}})
+    assert error.keyword == "required" and "unsatisfiable" in str(error)
+
+
 # ---- allOf ---------------------------------------------------------------------------------
 def test_all_of_merges_properties_and_required_and_intersects_ranges():
     schema = {"allOf": [

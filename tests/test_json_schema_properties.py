@@ -58,7 +58,8 @@ def _extend(children):
         st.lists(st.sampled_from(NAMES + ["z"]), max_size=2, unique=True),
         st.sampled_from([{}, {"additionalProperties": False}, {"additionalProperties": {"type": "integer"}},
                          {"additionalProperties": True}, {"minProperties": 1}, {"maxProperties": 2},
-                         {"patternProperties": {"^x": {"type": "string"}}}]))
+                         {"patternProperties": {"^x": {"type": "string"}}},
+                         {"patternProperties": {"^[ab]$": {"type": "integer", "maximum": 5}}}]))
     arrays = st.builds(lambda items, extra: {"type": "array", "items": items, **extra}, children,
                        st.sampled_from([{}, {"minItems": 1}, {"maxItems": 2}, {"minItems": 1, "maxItems": 3}]))
     tuples = st.builds(lambda prefix, rest: {"type": "array", "prefixItems": prefix, **rest},

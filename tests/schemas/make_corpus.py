@@ -284,7 +284,8 @@ def ci() -> list[tuple[str, dict, str | None]]:
         "properties": {"stages": {"type": "array", "items": {"type": "string"}},
                        "variables": {"type": "object", "additionalProperties": {"type": "string"}},
                        "default": {"type": "object", "properties": {"image": {"type": "string"}}}},
-        "patternProperties": {"^[.a-z][a-z0-9_ -]*$": {"$ref": "#/definitions/job"}}, "required": ["stages"]}
+        "patternProperties": {"^[.]?(build|test|deploy|lint|release)[a-z0-9_ -]*$": {"$ref": "#/definitions/job"}},
+        "required": ["stages"]}
     out.append(("gitlab-ci", gitlab, None))
     circle = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "required": ["version", "jobs"], "properties": {
         "version": {"type": "number", "enum": [2, 2.1]},
