@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from radixserve.grammar.backend import GrammarBackend, GrammarMatcher
 from radixserve.grammar.compiler import CompileHandle, GrammarCompiler
+from radixserve.grammar.json_schema import NormalisedSchema, normalise_json_schema
+from radixserve.grammar.schema_support import SchemaRefusal
 from radixserve.grammar.spec import GRAMMAR_KINDS, GrammarError, GrammarSpec, StructuralTag, StructuralTagSpec
 from radixserve.grammar.vocab import VocabInfo, VocabType
 
@@ -28,6 +30,6 @@ def make_grammar_backend(name: str, vocab: VocabInfo, any_whitespace: bool = Fal
 
 __all__ = [
     "GRAMMAR_BACKENDS", "GRAMMAR_KINDS", "CompileHandle", "GrammarBackend", "GrammarCompiler",
-    "GrammarError", "GrammarMatcher", "GrammarSpec", "StructuralTag", "StructuralTagSpec",
-    "VocabInfo", "VocabType", "make_grammar_backend",
+    "GrammarError", "GrammarMatcher", "GrammarSpec", "NormalisedSchema", "SchemaRefusal", "StructuralTag",
+    "StructuralTagSpec", "VocabInfo", "VocabType", "make_grammar_backend", "normalise_json_schema",
 ]

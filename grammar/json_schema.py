@@ -18,7 +18,6 @@ import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
-from urllib.parse import unquote
 
 from jsonschema import exceptions as jsonschema_errors
 from jsonschema import validators
@@ -26,6 +25,7 @@ from jsonschema import validators
 from radixserve.grammar.regex_rewrite import RegexRefused, parse as parse_regex
 from radixserve.grammar.schema_keywords import LOCAL_KEYWORDS, Unsatisfiable, any_of, local
 from radixserve.grammar.schema_merge import merge, merge_all
+from radixserve.grammar.schema_refs import RefProblem, SchemaDocument, escape
 from radixserve.grammar.schema_support import SchemaRefusal, SchemaSupport
 
 log = logging.getLogger("radixserve.grammar")
@@ -71,13 +71,9 @@ def normalise_json_schema(schema: Any, support: SchemaSupport, where: str = "jso
     try:
         cls.check_schema(schema)
     except jsonschema_errors.SchemaError as e:
-        pointer = "".join(f"/{_escape(str(p))}" for p in e.absolute_path)
+        pointer = "".join(f"/{escape(str(p))}" for p in e.absolute_path)
         raise SchemaRefusal(str(e.validator), pointer, f"invalid schema: {e.message}", where) from None
     return _Normaliser(schema, cls, support, where).run()
-
-
-def _escape(name: str) -> str:
-    return name.replace("~", "~0").replace("/", "~1")
 
 
 class _Normaliser:
@@ -89,7 +85,7 @@ class _Normaliser:
         self.locations: dict[str, str] = {}        # and back
         self.inlining: list[str] = []
         self.notes: list[Note] = []
-        self._anchors: Optional[dict[str, str]] = None
+        self.document = SchemaDocument(root)
         self._root_validator = None
 
     def run(self) -> NormalisedSchema:
@@ -229,7 +225,7 @@ class _Normaliser:
                 if kw == "patternProperties":
                     for key in own[kw]:
                         self.check_key_pattern(key, f"{pointer}/{kw}")
-                out[kw] = {name: self.node(sub, f"{pointer}/{kw}/{_escape(name)}") for name, sub in own[kw].items()}
+                out[kw] = {name: self.node(sub, f"{pointer}/{kw}/{escape(name)}") for name, sub in own[kw].items()}
         for kw in _CHILD_VALUES:
             if kw in own:
                 out[kw] = self.node(own[kw], f"{pointer}/{kw}")
@@ -331,50 +327,13 @@ class _Normaliser:
 
     # ---- references ------------------------------------------------------------------------
     def locate(self, ref: str, pointer: str) -> str:
-        """The JSON pointer (into the original document) that `ref` names."""
-        base, _, fragment = ref.partition("#")
-        if base and base.rstrip("/") not in self.root_ids():
-            self.refuse("$ref", pointer, f"'$ref' {ref!r} refers outside this schema")
-        fragment = unquote(fragment)
-        if fragment and not fragment.startswith("/"):
-            target = self.anchors().get(fragment)
-            if target is None:
-                self.refuse("$ref", pointer, f"'$ref' {ref!r}: no subschema has that anchor")
-            return target
-        self.resolve(fragment, pointer, ref)
-        return fragment
+        try:
+            return self.document.locate(ref)
+        except RefProblem as e:
+            return self.refuse("$ref", pointer, str(e))
 
-    def resolve(self, location: str, pointer: str = "", ref: str = "") -> Any:
-        node: Any = self.root
-        for part in location.split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, Mapping) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                self.refuse("$ref", pointer, f"'$ref' {ref or location!r} points at nothing in this schema")
-        return node
-
-    def root_ids(self) -> set[str]:
-        ids = {self.root.get(k) for k in ("$id", "id")} if isinstance(self.root, Mapping) else set()
-        return {i.split("#")[0].rstrip("/") for i in ids if isinstance(i, str)}
-
-    def anchors(self) -> dict[str, str]:
-        if self._anchors is None:
-            self._anchors = {}
-            stack: list[tuple[Any, str]] = [(self.root, "")]
-            while stack:
-                node, where = stack.pop()
-                if isinstance(node, Mapping):
-                    for key in ("$anchor", "$id", "id"):
-                        value = node.get(key)
-                        if isinstance(value, str) and (key == "$anchor" or value.startswith("#")):
-                            self._anchors.setdefault(value.lstrip("#"), where)
-                    stack.extend((v, f"{where}/{_escape(str(k))}") for k, v in node.items())
-                elif isinstance(node, list):
-                    stack.extend((v, f"{where}/{i}") for i, v in enumerate(node))
-        return self._anchors
+    def resolve(self, location: str) -> Any:
+        return self.document.resolve(location)
 
     def reference(self, ref: str, pointer: str) -> dict:
         """A `$ref` alone: its target normalised once into `$defs`, referred to by name."""
