@@ -46,7 +46,7 @@ def is_json_object(text: str) -> None:
 # What each kind of constraint asks for, phrased so the small model finishes well within max_tokens.
 PROMPTS = {
     is_person: "Describe a person (name and age) as JSON.",
-    is_json_object: 'Return a JSON object with the key "answer": what is the capital of France?',
+    is_json_object: 'Give the capital of France as a JSON object with one key, "answer".',
     is_phone: "Give me a phone number.",
     is_city: "Name a European capital.",
     is_yes_no: "Is Paris in France? Answer yes or no.",
