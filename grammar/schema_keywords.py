@@ -149,7 +149,8 @@ def _string(kw: dict, pointer: str, ctx: Context) -> dict:
 def _number(t: str, kw: dict, pointer: str, ctx: Context) -> dict:
     kw = dict(kw)
     fmt = kw.pop("format", None)
-    if fmt in INTEGER_FORMATS and ctx.support.enforces_ranges:
+    stepped = kw.get("multipleOf") not in (None, 1)
+    if fmt in INTEGER_FORMATS and ctx.support.enforces_ranges and not stepped:
         lo, hi = INTEGER_FORMATS[fmt]
         kw["minimum"] = max(kw.get("minimum", lo), lo)
         kw["maximum"] = min(kw.get("maximum", hi), hi)
@@ -186,10 +187,12 @@ def _integer_range(kw: dict, pointer: str, ctx: Context) -> dict:
     highs = [math.floor(kw["maximum"])] if "maximum" in kw else []
     highs += [math.ceil(kw["exclusiveMaximum"]) - 1] if "exclusiveMaximum" in kw else []
     if not lows and not highs:
-        return out  # digits bounded by the backend's number rule
+        return out  # digits bounded by the backend's number rule (not beside a multipleOf)
     lo, hi = max(lows, default=None), min(highs, default=None)
     if lo is not None and hi is not None and lo > hi:
         raise Unsatisfiable("minimum", pointer, f"no integer lies in [{lo}, {hi}]")
+    if "multipleOf" in out:
+        return _multiples(out["multipleOf"], lo, hi, pointer, ctx)
     # at most 16 digits, as unranged integers; further only where the schema demands it
     clo, chi = max(-LARGEST if lo is None else lo, -LARGEST), min(LARGEST if hi is None else hi, LARGEST)
     if clo > chi:
@@ -202,6 +205,28 @@ def _integer_range(kw: dict, pointer: str, ctx: Context) -> dict:
         ctx.note("minimum", pointer, f"integer range narrowed to [{clo}, {chi}]", False)
     out["minimum"], out["maximum"] = clo, chi
     return out
+
+
+# at most this many multiples are spelled out as an enum when the range is too wide to keep
+MAX_ENUMERATED_MULTIPLES = 1024
+
+
+def _multiples(step: int, lo: Optional[int], hi: Optional[int], pointer: str, ctx: Context) -> dict:
+    """An integer multipleOf beside a range, in a form the backend keeps both of."""
+    span = ctx.support.multiple_of_max_span
+    if lo is not None and hi is not None:
+        first, last = -(-lo // step) * step, (hi // step) * step
+        if first > last:
+            raise Unsatisfiable("multipleOf", pointer, f"no multiple of {step} lies in [{lo}, {hi}]")
+        if span is None or hi - lo <= span:
+            return {"type": "integer", "multipleOf": step, "minimum": lo, "maximum": hi}
+        if (last - first) // step < MAX_ENUMERATED_MULTIPLES:
+            return {"enum": list(range(first, last + 1, step))}
+    if span is None:
+        return {"type": "integer", "multipleOf": step, **({"minimum": lo} if lo is not None else {}),
+                **({"maximum": hi} if hi is not None else {})}
+    return ctx.refuse("multipleOf", pointer, f"'multipleOf' beside a range wider than {span} ({ctx.support.backend} "
+                                             f"would drop the multipleOf)")
 
 
 def _number_range(kw: dict, pointer: str, ctx: Context) -> dict:
@@ -293,6 +318,9 @@ def _object(kw: dict, pointer: str, ctx: Context) -> dict:
     min_p, max_p = kw.get("minProperties", 0), kw.get("maxProperties")
     if max_p is not None and max(min_p, len(required)) > max_p:
         raise Unsatisfiable("maxProperties", pointer, "more properties are required than maxProperties allows")
+    if additional is None and min_p > len(props) and not patterns:
+        # the backends generate no undeclared property unless additionalProperties says so
+        additional = {}
     out: dict[str, Any] = {"type": "object"}
     if props:
         out["properties"] = props

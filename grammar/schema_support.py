@@ -44,6 +44,9 @@ class SchemaSupport:
     prefix_items_only: bool = False
     # digits of unranged numbers bounded by these keywords (type -> keywords) in the normal form
     digit_keywords: Optional[Mapping[str, Mapping[str, int]]] = None
+    # integer multipleOf is kept beside a range only this wide (a wider or one-sided range makes
+    # the backend drop the multipleOf); None: no such limit
+    multiple_of_max_span: Optional[int] = None
 
     def check(self, schema: Any, pointer: str = "") -> None:
         """Raise SchemaRefusal for a normalised `schema` that uses what this backend would drop.
@@ -74,6 +77,7 @@ XGRAMMAR_SUPPORT = SchemaSupport(
     }),
     enforces_ranges=True,
     multiple_of_integers_only=True,  # it warns and drops multipleOf on numbers
+    multiple_of_max_span=5000,       # "range + multipleOf combination not yet supported" past ~5000-10000
 )
 
 # Its schema-to-regex drops number bounds, multipleOf, the property-count and property-name rules

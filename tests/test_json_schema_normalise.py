@@ -226,6 +226,20 @@ def test_integer_bounds_beyond_64_bits_are_refused_in_plain_words():
     assert error.keyword == "minimum" and "64-bit" in str(error)
 
 
+def test_integer_multiple_of_beside_a_wide_range_is_spelled_out_or_refused():
+    # xgrammar drops a multipleOf beside a range wider than ~5000 or a one-sided one
+    assert normal({"type": "integer", "multipleOf": 3, "minimum": 0, "maximum": 30})["multipleOf"] == 3
+    assert normal({"type": "integer", "multipleOf": 1000, "minimum": 0, "maximum": 100000}) == {
+        "enum": list(range(0, 100001, 1000))}
+    assert refusal({"type": "integer", "multipleOf": 5, "minimum": 0}).keyword == "multipleOf"
+    assert normal({"type": "integer", "multipleOf": 5}) == {"type": "integer", "multipleOf": 5}
+
+
+def test_min_properties_beyond_the_declared_ones_allows_undeclared_ones():
+    assert normal({"type": "object", "minProperties": 1}) == {
+        "type": "object", "additionalProperties": {}, "minProperties": 1}
+
+
 def test_one_sided_number_range_gets_its_far_side():
     assert normal({"type": "number", "exclusiveMinimum": 0}) == {
         "type": "number", "exclusiveMinimum": 0, "maximum": LARGEST}
