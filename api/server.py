@@ -70,7 +70,7 @@ def build_app(engine: Optional[Engine] = None, served_model_name: Optional[str] 
         return problem.response() if problem else JSONResponse({"status": "ok"})
 
     @app.get("/health/generate")
-    async def health_generate(timeout: float = Query(default=HEALTH_GENERATE_TIMEOUT, gt=0, le=300)) -> Response:
+    async def health_generate(timeout: float = Query(default=HEALTH_GENERATE_TIMEOUT, ge=0.1, le=300)) -> Response:
         """One token generated through the engine, within `timeout` seconds."""
         problem = state.lifecycle.health_problem()
         if problem:

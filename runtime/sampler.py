@@ -233,7 +233,7 @@ class Sampler:
         greedy, sampled, want, penalised, banned = [], [], [], [], []
         for i, r in enumerate(reqs):
             p = r.params
-            (greedy if p.temperature == 0.0 else sampled).append(i)
+            (greedy if p.greedy else sampled).append(i)
             if p.logprobs is not None:
                 want.append(i)
             if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
@@ -294,9 +294,12 @@ class Sampler:
         width = logits.shape[1]
         pr, pt = I[plan.rows], I[plan.toks]
         per_row = F[plan.params].view(-1, 3)
-        rp = per_row[:, 0].index_select(0, pr)
+        # a valid penalty as small as 5e-324 is 0 in float32: -inf * 0 (a masked token) would be
+        # NaN and poison the row, and x / tiny overflows; clamp both ends to finite values
+        finfo = torch.finfo(logits.dtype)
+        rp = per_row[:, 0].index_select(0, pr).clamp_min(finfo.tiny)
         vals = logits[pr, pt]
-        new = torch.where(vals > 0, vals / rp, vals * rp)
+        new = torch.where(vals > 0, (vals / rp).clamp_max(finfo.max), vals * rp)
         if plan.out_rows is not None:
             # each pair's count among the outputs: searchsorted into the (row-major sorted) output keys
             out_keys = I[plan.out_rows] * width + I[plan.out_toks]
@@ -377,7 +380,8 @@ class Sampler:
             # the smallest set whose mass reaches top_p (the first token always stays); its last
             # value is the floor
             reach = F[plan.top_p.p] * desc.sum(-1)
-            keep = ((desc.cumsum(dim=-1) - desc) < reach.unsqueeze(1)).sum(-1, keepdim=True)
+            # clamped: a top_p that rounds to 0 in float32 still keeps the first token
+            keep = ((desc.cumsum(dim=-1) - desc) < reach.unsqueeze(1)).sum(-1, keepdim=True).clamp_min(1)
             floor_p = per_row(desc.gather(1, keep - 1).squeeze(1), at)
             floor = floor_p if floor is None else torch.maximum(floor, floor_p)
         if plan.min_p is not None:

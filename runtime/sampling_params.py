@@ -9,6 +9,10 @@ from radixserve.grammar.spec import GrammarSpec
 MAX_TOP_LOGPROBS = 20
 
 
+# as vLLM: below this temperature a request is greedy
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16
@@ -37,7 +41,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # logits divided by a temperature this small overflow (or divide by a float32 zero)
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     def validate(self, vocab_size: Optional[int] = None) -> None:
         """Raise ValueError naming the first bad field."""

@@ -328,3 +328,16 @@ def test_cpu_sort_and_topk_helpers_equal_torch(width):
         assert torch.equal(topk_values(x, k), x.topk(k).values)
     meta = torch.empty(2, width, device="meta")
     assert sort_desc(meta).device == topk_values(meta, 3).device == meta.device
+
+
+@pytest.mark.parametrize("kw", [dict(top_p=5e-324), dict(temperature=1e-300), dict(repetition_penalty=5e-324),
+                                dict(repetition_penalty=5e-324, top_p=5e-324, temperature=1e-300)])
+def test_extreme_valid_parameters_draw_the_best_allowed_token(kw):
+    # float32 turns each of these into 0; the draw must stay on the tokens a grammar left open
+    logits = LOGITS.clone()
+    logits[0] = float("-inf")  # masked, as the grammar bitmask leaves it
+    r = Request("r", [0, 1, 5], SamplingParams(**kw), OutputStream("r"))
+    for _ in range(20):
+        tokens, _ = Sampler(V, eos_token_ids=[7]).sample(logits.clone().unsqueeze(0), [r])
+        # token 1 is the best open one; a tiny repetition penalty lifts it (seen) to float max
+        assert tokens == [1]
