@@ -17,7 +17,8 @@ from radixserve.api.logprobs import chat_logprobs
 from radixserve.api.protocol import ChatCompletionRequest
 from radixserve.api.sampling import choice_seed, resolve_max_tokens, sampling_params
 from radixserve.api.state import ServerState
-from radixserve.api.tools import ToolCall, ToolCallParser, plan_tools
+from radixserve.api.tools import (ArgumentsDelta, CallDone, CallStarted, ParserEvent, TextDelta, ToolCallParser,
+                                  plan_tools)
 
 # Engine error fields as the chat request names them.
 _RENAMES = {"prompt": "messages", "logprobs": "top_logprobs"}
@@ -86,8 +87,8 @@ class _ChatReply:
             if self.parsers[c.index] is None:
                 content, calls = "".join(c.text), []
             else:
-                content = "".join(e for e in events[c.index] if isinstance(e, str))
-                calls = [e.to_message() for e in events[c.index] if isinstance(e, ToolCall)]
+                content = "".join(e.text for e in events[c.index] if isinstance(e, TextDelta))
+                calls = [e.call.to_message() for e in events[c.index] if isinstance(e, CallDone)]
                 content = content or (None if calls else "")
             logprobs = chat_logprobs(c.logprobs, self.state.token_texts, self.top_k) if self.req.logprobs else None
             choices.append(responses.chat_choice(c.index, content, calls, reason, logprobs))
@@ -99,8 +100,19 @@ class _ChatReply:
         return responses.chat_chunk(self.rid, self.created, self.model, index, delta, finish_reason, logprobs,
                                     with_usage_field=self.req.include_usage)
 
+    def _delta(self, event: ParserEvent) -> Optional[dict[str, Any]]:
+        """A parser event as a chat delta, OpenAI's way: a call's id, type and name in its first
+        delta with empty arguments, then the arguments piece by piece under the same index."""
+        if isinstance(event, TextDelta):
+            return {"content": event.text}
+        if isinstance(event, CallStarted):
+            return {"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
+                                    "function": {"name": event.name, "arguments": ""}}]}
+        if isinstance(event, ArgumentsDelta):
+            return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
+        return None  # CallDone: everything about the call has been sent
+
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        tool_call_counts = {c.index: 0 for c in self.gen.choices}
         for c in self.gen.choices:
             yield self._chunk(c.index, {"role": "assistant", "content": ""})
         async for choice, out in self.gen.outputs():
@@ -112,21 +124,14 @@ class _ChatReply:
                         if self.req.logprobs and out.logprobs else None)
             parser = self.parsers[choice.index]
             if parser is None:
-                events: list = [out.text] if out.text else []
+                events: list[ParserEvent] = [TextDelta(out.text)] if out.text else []
             else:
                 events = parser.feed(out.text) + (parser.finish() if out.finished else [])
             for event in events:
-                if isinstance(event, str):
-                    yield self._chunk(choice.index, {"content": event}, logprobs=logprobs)
-                else:
-                    k = tool_call_counts[choice.index]
-                    tool_call_counts[choice.index] += 1
-                    yield self._chunk(choice.index, {"tool_calls": [
-                        {"index": k, "id": event.id, "type": "function",
-                         "function": {"name": event.name, "arguments": ""}}]}, logprobs=logprobs)
-                    yield self._chunk(choice.index, {"tool_calls": [
-                        {"index": k, "function": {"arguments": event.arguments}}]})
-                logprobs = None  # sent once, with the first chunk of this output
+                delta = self._delta(event)
+                if delta is not None:
+                    yield self._chunk(choice.index, delta, logprobs=logprobs)
+                    logprobs = None  # sent once, with the first chunk of this output
             if out.finished:
                 reason = self._finish_reason(choice)
                 choice.timer.finish(reason)

@@ -1,23 +1,31 @@
-"""Tool calling: what `tools` + `tool_choice` ask of the prompt and the grammar, and the parsers
-that turn the model's output back into OpenAI `tool_calls`.
+"""Tool calling: what `tools` + `tool_choice` + `parallel_tool_calls` ask of the prompt and the
+grammar, and the parsers that turn the model's output back into OpenAI `tool_calls`, piece by
+piece as it is generated.
 
 - `none` (or no tools): plain text, tools are not shown to the model.
-- `required` / a named function: the whole output is grammar-constrained to one JSON object
-  `{"name": ..., "arguments": {...}}` whose arguments validate against that tool's parameters.
-- `auto`: the model answers freely; a Hermes-style `<tool_call>` block is constrained by a
-  structural tag (arguments always valid JSON for the chosen tool) and parsed into `tool_calls`.
-  A tool-call block never reaches the client as content.
+- `required` / a named function: the whole output is grammar-constrained JSON: one call object
+  `{"name": ..., "arguments": {...}}`, or with `parallel_tool_calls` (OpenAI's default) a non-empty
+  array of them; every call's arguments validate against its own tool's parameters. JSON (not a
+  structural tag) so that both grammar backends can enforce it.
+- `auto`: the model answers freely; each Hermes-style `<tool_call>` block is constrained by a
+  structural tag (arguments always valid for the tool the block names) and parsed into
+  `tool_calls`; without `parallel_tool_calls` the output ends after the first block. A tool-call
+  block never reaches the client as content.
+
+The parsers return typed events (`TextDelta`, `CallStarted`, `ArgumentsDelta`, `CallDone`) that
+both chat completions and Responses turn into their own stream shapes.
 """
 from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from radixserve.api.errors import bad_request
-from radixserve.api.protocol import ChatCompletionRequest, ToolDefinition
+from radixserve.api.protocol import ToolDefinition
 from radixserve.grammar.spec import GrammarSpec
 
 log = logging.getLogger("radixserve.api")
@@ -36,7 +44,40 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-ParserEvent = Union[str, ToolCall]      # content text, or a complete tool call
+# ---- parser events ------------------------------------------------------------------------------
+# `index` counts the calls of one choice from 0. The ArgumentsDelta texts of a call, concatenated,
+# equal its CallDone's `call.arguments`. A call cut off before its arguments close (max_tokens)
+# gets CallStarted and some ArgumentsDelta but no CallDone.
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Content text (never tool-call markup)."""
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStarted:
+    """A call's name is known: its id, type and name go out before any arguments."""
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentsDelta:
+    """The next piece of call `index`'s arguments JSON, as generated."""
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class CallDone:
+    """Call `index` is complete; `call.arguments` is the whole arguments JSON."""
+    index: int
+    call: ToolCall
+
+
+ParserEvent = Union[TextDelta, CallStarted, ArgumentsDelta, CallDone]
 
 
 @dataclass
@@ -45,6 +86,7 @@ class ToolPlan:
     mode: str                                   # none | auto | required
     tools: list[ToolDefinition]                 # tools the model may call (shown to the template)
     build_constraint: Optional[Callable[[], GrammarSpec]] = None  # may raise GrammarError
+    parallel: bool = True                       # may one turn carry several calls
 
     @property
     def template_tools(self) -> Optional[list[dict[str, Any]]]:
@@ -59,10 +101,12 @@ class ToolPlan:
         return None
 
 
-def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
-    """Resolve tools + tool_choice (+ parallel_tool_calls) into a plan; 400 for an unknown tool."""
+def plan_tools(req: Any) -> ToolPlan:
+    """Resolve tools + tool_choice + parallel_tool_calls of a request (anything with those three
+    attributes, as ChatCompletionRequest has) into a plan; 400 for an unknown tool."""
     tools = req.tools or []
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+    parallel = req.parallel_tool_calls is not False      # OpenAI's default is true
     if not tools:
         if choice != "none":
             raise bad_request("tool_choice: requires tools", param="tool_choice")
@@ -71,25 +115,27 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
     if len(set(names)) != len(names):
         raise bad_request("tools: function names must be unique", param="tools")
     if choice == "none":
-        return ToolPlan("none", tools)
+        return ToolPlan("none", tools, parallel=parallel)
     if choice == "auto":
-        single = req.parallel_tool_calls is False
-        return ToolPlan("auto", tools, lambda: _hermes_structural_tag(tools, single))
+        return ToolPlan("auto", tools, lambda: _hermes_structural_tag(tools, not parallel), parallel)
     if choice == "required":
-        return ToolPlan("required", tools, lambda: GrammarSpec.json_schema(_call_schema(tools)))
+        return ToolPlan("required", tools, lambda: GrammarSpec.json_schema(_calls_schema(tools, parallel)),
+                        parallel)
     named = [t for t in tools if t.function.name == choice.function.name]
     if not named:
         raise bad_request(f"tool_choice: function {choice.function.name!r} is not among the tools "
                           f"({', '.join(names)})", param="tool_choice")
-    return ToolPlan("required", named, lambda: GrammarSpec.json_schema(_call_schema(named)))
+    return ToolPlan("required", named, lambda: GrammarSpec.json_schema(_calls_schema(named, parallel)), parallel)
 
 
-def _call_schema(tools: list[ToolDefinition]) -> dict[str, Any]:
-    """One tool call as JSON: the name picks the tool, the arguments follow its parameters."""
+def _calls_schema(tools: list[ToolDefinition], parallel: bool) -> dict[str, Any]:
+    """One tool call as JSON, or a non-empty array of them: in each, the name picks the tool and
+    the arguments follow that tool's parameters (an anyOf keyed by the name's const)."""
     options = [{"type": "object",
                 "properties": {"name": {"const": t.function.name}, "arguments": t.function.parameters},
                 "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    call = options[0] if len(options) == 1 else {"anyOf": options}
+    return {"type": "array", "items": call, "minItems": 1} if parallel else call
 
 
 def _hermes_structural_tag(tools: list[ToolDefinition], single: bool) -> GrammarSpec:
@@ -106,6 +152,10 @@ def parse_call_json(text: str, allowed: set[str]) -> Optional[ToolCall]:
         obj = json.loads(text)
     except json.JSONDecodeError:
         return None
+    return _call_from_object(obj, allowed)
+
+
+def _call_from_object(obj: Any, allowed: set[str]) -> Optional[ToolCall]:
     if not isinstance(obj, dict) or obj.get("name") not in allowed:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -114,15 +164,54 @@ def parse_call_json(text: str, allowed: set[str]) -> Optional[ToolCall]:
     return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
+# A call object's head up to its arguments value, which must be an object: the shape both the
+# structural tag and the JSON schema produce (name first), whatever the whitespace.
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)', re.S)
+
+
+class _ValueEnd:
+    """Where one JSON object ends, fed piece by piece (braces inside strings do not count)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = self.escape = self.done = False
+
+    def feed(self, text: str) -> int:
+        """How many chars of `text` belong to the value (all of them until it closes)."""
+        for i, ch in enumerate(text):
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                elif ch == "\\":
+                    self.escape = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.done = True
+                    return i + 1
+        return len(text)
+
+
 class ToolCallParser:
-    """Incremental: `feed` each text delta, then `finish`; both return content and tool calls in
-    order. Content is held back while it may still turn into a tool call, and trailing whitespace
-    is held until more content follows, so streamed and whole replies split the same way."""
+    """Incremental: `feed` each text delta, then `finish`; both return events in order. Content
+    is held back while it may still turn into a tool call, and trailing whitespace is held until
+    more content follows, so streamed and whole replies split the same way. A call's arguments
+    stream as they are generated once its name is known."""
 
     def __init__(self, allowed: set[str]):
         self.allowed = allowed
-        self.calls: list[ToolCall] = []
+        self.calls: list[ToolCall] = []          # completed calls, in order
+        self.started = 0                         # calls with a CallStarted so far
         self._pending_ws = ""
+        self._args: Optional[_ValueEnd] = None   # the open call's arguments scanner
+        self._open: Optional[tuple[int, str, str]] = None   # (index, id, name) of the open call
+        self._args_text: list[str] = []
 
     def feed(self, text: str) -> list[ParserEvent]:
         raise NotImplementedError
@@ -136,69 +225,200 @@ class ToolCallParser:
         text = self._pending_ws + text
         body = text.rstrip()
         self._pending_ws = text[len(body):]
-        return [body] if body else []
+        return [TextDelta(body)] if body else []
 
-    def _call(self, text: str) -> list[ParserEvent]:
-        call = parse_call_json(text.strip(), self.allowed)
+    def _try_head(self, buffer: str) -> Optional[tuple[list[ParserEvent], str]]:
+        """If `buffer` (from a call object's start) holds the whole head of a call to an allowed
+        tool: CallStarted plus what follows of the arguments, and the text after them."""
+        m = _CALL_HEAD.match(buffer)
+        if m is None:
+            return None
+        try:
+            name = json.loads(f'"{m.group(1)}"')
+        except json.JSONDecodeError:
+            return None
+        if name not in self.allowed:
+            return None
+        index = self.started
+        self.started += 1
+        call_id = "call_" + uuid.uuid4().hex[:24]
+        self._open, self._args, self._args_text = (index, call_id, name), _ValueEnd(), []
+        events: list[ParserEvent] = [CallStarted(index, call_id, name)]
+        more, rest = self._feed_args(buffer[m.end():])
+        return events + more, rest
+
+    def _feed_args(self, text: str) -> tuple[list[ParserEvent], str]:
+        """Arguments text of the open call; returns its events and any text past the arguments."""
+        assert self._args is not None and self._open is not None
+        n = self._args.feed(text)
+        piece, rest = text[:n], text[n:]
+        events: list[ParserEvent] = []
+        if piece:
+            self._args_text.append(piece)
+            events.append(ArgumentsDelta(self._open[0], piece))
+        return events, rest
+
+    def _close_call(self) -> list[ParserEvent]:
+        """CallDone for the open call, whose arguments have closed."""
+        assert self._open is not None
+        index, call_id, name = self._open
+        call = ToolCall(name, "".join(self._args_text), id=call_id)
+        self._open, self._args, self._args_text = None, None, []
+        self.calls.append(call)
+        return [CallDone(index, call)]
+
+    def _whole_call(self, call: Optional[ToolCall], text: str) -> list[ParserEvent]:
+        """A call parsed at once (a shape the head pattern does not read): all three events."""
         if call is None:
             log.warning("dropping an unparsable tool call: %.200r", text)
             return []
+        index = self.started
+        self.started += 1
         self.calls.append(call)
-        return [call]
+        return [CallStarted(index, call.id, call.name), ArgumentsDelta(index, call.arguments), CallDone(index, call)]
+
+    def _drop_open_call(self, why: str) -> None:
+        if self._open is not None:
+            log.info("tool call %d (%s) %s", self._open[0], self._open[2], why)
+        self._open, self._args, self._args_text = None, None, []
 
 
 class HermesToolCallParser(ToolCallParser):
-    """Free text with `<tool_call>{json}</tool_call>` blocks (tool_choice auto)."""
+    """Free text with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks
+    (tool_choice auto). States: text, head (after the begin tag), args, tail (up to the end tag)."""
 
     def __init__(self, allowed: set[str]):
         super().__init__(allowed)
         self._buffer = ""
-        self._in_call = False
+        self._state = "text"
 
     def feed(self, text: str) -> list[ParserEvent]:
         self._buffer += text
         events: list[ParserEvent] = []
         while True:
-            if self._in_call:
+            if self._state == "text":
+                start = self._buffer.find(TOOL_CALL_BEGIN)
+                if start < 0:
+                    keep = _partial_suffix(self._buffer, TOOL_CALL_BEGIN)
+                    events += self._content(self._buffer[:len(self._buffer) - keep])
+                    self._buffer = self._buffer[len(self._buffer) - keep:]
+                    return events
+                events += self._content(self._buffer[:start])
+                self._buffer = self._buffer[start + len(TOOL_CALL_BEGIN):]
+                self._state = "head"
+            elif self._state == "head":
+                started = self._try_head(self._buffer)
+                if started is not None:
+                    more, self._buffer = started
+                    events += more
+                    self._state = "tail" if self._args.done else "args"
+                    continue
+                end = self._buffer.find(TOOL_CALL_END)
+                if end < 0:
+                    return events          # the head is not complete yet
+                # another shape (not name-then-arguments): read the block as a whole
+                block = self._buffer[:end]
+                events += self._whole_call(parse_call_json(block.strip(), self.allowed), block)
+                self._buffer = self._buffer[end + len(TOOL_CALL_END):]
+                self._state = "text"
+            elif self._state == "args":
+                more, self._buffer = self._feed_args(self._buffer)
+                events += more
+                if not self._args.done:
+                    return events
+                self._state = "tail"
+            else:  # tail: the call object's closing brace, then the end tag
                 end = self._buffer.find(TOOL_CALL_END)
                 if end < 0:
                     return events
-                events += self._call(self._buffer[:end])
+                events += self._close_call()
                 self._buffer = self._buffer[end + len(TOOL_CALL_END):]
-                self._in_call = False
-                continue
-            start = self._buffer.find(TOOL_CALL_BEGIN)
-            if start >= 0:
-                events += self._content(self._buffer[:start])
-                self._buffer = self._buffer[start + len(TOOL_CALL_BEGIN):]
-                self._in_call = True
-                continue
-            keep = _partial_suffix(self._buffer, TOOL_CALL_BEGIN)
-            events += self._content(self._buffer[:len(self._buffer) - keep])
-            self._buffer = self._buffer[len(self._buffer) - keep:]
-            return events
+                self._state = "text"
 
     def finish(self) -> list[ParserEvent]:
-        # An unclosed block means the reply was cut off (max_tokens): it is not a tool call and,
-        # being tool-call text, not content either.
-        rest = "" if self._in_call else self._buffer
-        self._buffer = ""
+        # An unclosed block means the reply was cut off (max_tokens): it is not a complete call
+        # and, being tool-call text, not content either.
+        if self._state != "text":
+            self._drop_open_call("cut off before its end tag")
+            self._buffer, self._state = "", "text"
+            return []
+        rest, self._buffer = self._buffer, ""
         return self._content(rest)
 
 
 class WholeOutputToolCallParser(ToolCallParser):
-    """The whole output is one tool-call object (tool_choice required or named)."""
+    """The whole output is one call object, or an array of them (tool_choice required or
+    named). States: start, head (a call object's start), args, close (its closing brace), between
+    (array: a comma or the closing bracket), end."""
 
     def __init__(self, allowed: set[str]):
         super().__init__(allowed)
-        self._text: list[str] = []
+        self._buffer = ""
+        self._all: list[str] = []
+        self._state = "start"
+        self._array = False
 
     def feed(self, text: str) -> list[ParserEvent]:
-        self._text.append(text)
-        return []
+        self._all.append(text)
+        self._buffer += text
+        events: list[ParserEvent] = []
+        while True:
+            stripped = self._buffer.lstrip()
+            if self._state == "start":
+                if not stripped:
+                    return events
+                self._array = stripped[0] == "["
+                self._buffer = stripped[1:] if self._array else stripped
+                self._state = "head"
+            elif self._state == "head":
+                started = self._try_head(self._buffer)
+                if started is None:
+                    return events          # incomplete, or another shape: read at finish
+                more, self._buffer = started
+                events += more
+                self._state = "close" if self._args.done else "args"
+            elif self._state == "args":
+                more, self._buffer = self._feed_args(self._buffer)
+                events += more
+                if not self._args.done:
+                    return events
+                self._state = "close"
+            elif self._state == "close":
+                if not stripped:
+                    return events
+                if stripped[0] != "}":
+                    return events          # another shape: read at finish
+                events += self._close_call()
+                self._buffer = stripped[1:]
+                self._state = "between" if self._array else "end"
+            elif self._state == "between":
+                if not stripped:
+                    return events
+                self._buffer = stripped[1:]
+                self._state = "head" if stripped[0] == "," else "end"
+            else:
+                self._buffer = ""
+                return events
 
     def finish(self) -> list[ParserEvent]:
-        return self._call("".join(self._text))
+        if self._state == "end" or self.calls:
+            if self._state != "end":
+                self._drop_open_call("cut off before its arguments closed")
+            return []
+        if self.started:              # the first call was cut off: nothing to read again
+            self._drop_open_call("cut off before its arguments closed")
+            return []
+        # Nothing streamed: an unconstrained or unusual shape. Read the whole text once.
+        text = "".join(self._all).strip()
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            log.warning("dropping an unparsable tool call: %.200r", text)
+            return []
+        events: list[ParserEvent] = []
+        for item in obj if isinstance(obj, list) else [obj]:
+            events += self._whole_call(_call_from_object(item, self.allowed), json.dumps(item)[:200])
+        return events
 
 
 def _partial_suffix(text: str, marker: str) -> int:

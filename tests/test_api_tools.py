@@ -8,7 +8,8 @@ import json
 import jsonschema
 import pytest
 
-from radixserve.api.tools import HermesToolCallParser, ToolCall, WholeOutputToolCallParser
+from radixserve.api.tools import (ArgumentsDelta, CallDone, CallStarted, HermesToolCallParser, TextDelta,
+                                  WholeOutputToolCallParser)
 
 WEATHER = {"type": "object",
            "properties": {"city": {"type": "string", "maxLength": 20},
@@ -108,27 +109,54 @@ def test_tool_choice_none_is_plain_text(api):
 
 
 # ---- the parsers on their own -------------------------------------------------------------------
-REPLY = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n'
+REPLY = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris", "unit": "celsius"}}\n'
          '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"timezone": "CET"}}\n</tool_call>\n')
+ARRAY = '[{"name":"get_weather","arguments":{"city":"P\\"{a","unit":"celsius"}},{"name":"get_time","arguments":{"timezone":"CET"}}]'
 
 
-def run_parser(parser, pieces):
+def feed_all(parser, pieces) -> list:
     events = []
     for piece in pieces:
         events += parser.feed(piece)
-    events += parser.finish()
-    content = "".join(e for e in events if isinstance(e, str))
-    calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCall)]
+    return events + parser.finish()
+
+
+def run_parser(parser, pieces):
+    events = feed_all(parser, pieces)
+    content = "".join(e.text for e in events if isinstance(e, TextDelta))
+    calls = [(e.call.name, json.loads(e.call.arguments)) for e in events if isinstance(e, CallDone)]
     return content, calls
 
 
-def test_hermes_parser_gives_the_same_result_however_the_text_is_split():
-    expected = ("Let me check.", [("get_weather", {"city": "Paris", "unit": "celsius"}),
-                                  ("get_time", {"timezone": "CET"})])
-    assert run_parser(HermesToolCallParser(set(SCHEMAS)), [REPLY]) == expected
+def splits(text: str):
+    yield [text]
     for size in (1, 2, 3, 5, 7, 11):
-        pieces = [REPLY[i:i + size] for i in range(0, len(REPLY), size)]
+        yield [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def test_hermes_parser_gives_the_same_result_however_the_text_is_split():
+    expected = ("Let me check.", [("get_weather", {"city": "Pa}ris", "unit": "celsius"}),
+                                  ("get_time", {"timezone": "CET"})])
+    for pieces in splits(REPLY):
         assert run_parser(HermesToolCallParser(set(SCHEMAS)), pieces) == expected
+
+
+@pytest.mark.parametrize("make,text", [(HermesToolCallParser, REPLY), (WholeOutputToolCallParser, ARRAY)])
+def test_parsers_stream_each_calls_arguments_after_its_start_and_before_its_end(make, text):
+    for pieces in splits(text):
+        events = [e for e in feed_all(make(set(SCHEMAS)), pieces) if not isinstance(e, TextDelta)]
+        done = [e for e in events if isinstance(e, CallDone)]
+        assert [e.index for e in done] == [0, 1]
+        for d in done:
+            own = [e for e in events if getattr(e, "index", None) == d.index]
+            assert own[0] == CallStarted(d.index, d.call.id, d.call.name) and own[-1] is d
+            deltas = [e.text for e in own[1:-1]]
+            assert all(isinstance(e, ArgumentsDelta) for e in own[1:-1])
+            assert "".join(deltas) == d.call.arguments
+            # fed a character at a time, the arguments come out a character at a time
+            assert len(deltas) == (len(d.call.arguments) if len(pieces[0]) == 1 else len(deltas))
+        # calls come one after another, never interleaved
+        assert [getattr(e, "index") for e in events] == sorted(getattr(e, "index") for e in events)
 
 
 def test_hermes_parser_passes_plain_text_and_lookalike_tags_through():
@@ -136,15 +164,36 @@ def test_hermes_parser_passes_plain_text_and_lookalike_tags_through():
     assert run_parser(HermesToolCallParser(set(SCHEMAS)), list(text)) == (text, [])
 
 
+def test_hermes_parser_reads_a_block_of_another_shape_whole():
+    text = '<tool_call>{"arguments": {"timezone": "UTC"}, "name": "get_time"}</tool_call>'
+    for pieces in splits(text):
+        assert run_parser(HermesToolCallParser(set(SCHEMAS)), pieces) == ("", [("get_time", {"timezone": "UTC"})])
+
+
 def test_hermes_parser_drops_a_cut_off_call():
-    cut = 'Sure.<tool_call>\n{"name": "get_weather", "argu'
-    assert run_parser(HermesToolCallParser(set(SCHEMAS)), [cut]) == ("Sure.", [])
+    for cut in ('Sure.<tool_call>\n{"name": "get_weather", "argu',
+                'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'):
+        events = feed_all(HermesToolCallParser(set(SCHEMAS)), [cut])
+        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Sure."
+        assert not [e for e in events if isinstance(e, CallDone)]
+
+
+def test_hermes_parser_never_starts_a_call_to_an_unknown_tool():
+    text = '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>'
+    assert feed_all(HermesToolCallParser(set(SCHEMAS)), [text]) == []
 
 
 @pytest.mark.parametrize("text,calls", [
     ('{"name": "get_time", "arguments": {"timezone": "UTC"}}', [("get_time", {"timezone": "UTC"})]),
+    ('{"name":"get_time","arguments":{"timezone":"UTC"}}', [("get_time", {"timezone": "UTC"})]),
+    ('{"name": "get_time", "parameters": {"timezone": "UTC"}}', [("get_time", {"timezone": "UTC"})]),
+    (ARRAY, [("get_weather", {"city": 'P"{a', "unit": "celsius"}), ("get_time", {"timezone": "CET"})]),
+    ('[ {"name": "get_time", "arguments": {"timezone": "UTC"}} ,\n {"name": "get_time", "arguments": {"timezone": "CET"}} ]',
+     [("get_time", {"timezone": "UTC"}), ("get_time", {"timezone": "CET"})]),
     ('{"name": "launch", "arguments": {}}', []),
     ('{"name": "get_time", "argu', []),
+    ('[{"name":"get_time","arguments":{"timezone":"UTC"}},{"name":"get_time","arguments":{"time', [("get_time", {"timezone": "UTC"})]),
 ])
-def test_whole_output_parser_reads_one_call_object(text, calls):
-    assert run_parser(WholeOutputToolCallParser(set(SCHEMAS)), [text]) == ("", calls)
+def test_whole_output_parser_reads_one_call_object_or_an_array_of_them(text, calls):
+    for pieces in splits(text):
+        assert run_parser(WholeOutputToolCallParser(set(SCHEMAS)), pieces) == ("", calls)
