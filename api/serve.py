@@ -19,6 +19,7 @@ from typing import Callable, Optional
 import uvicorn
 
 from radixserve.api.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WATCHDOG_TIMEOUT, Lifecycle
+from radixserve.api.response_store import DEFAULT_RESPONSE_STORE_SIZE
 from radixserve.runtime.config import EngineConfig
 
 log = logging.getLogger("radixserve")
@@ -37,6 +38,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests may finish after SIGTERM before they are aborted")
     p.add_argument("--watchdog-timeout", type=float, default=DEFAULT_WATCHDOG_TIMEOUT,
                    help="/health fails when the engine loop has made no progress for this many seconds")
+    p.add_argument("--response-store-size", type=int, default=DEFAULT_RESPONSE_STORE_SIZE,
+                   help="finished /v1/responses kept in memory for previous_response_id and GET, least recently "
+                        "used evicted first (0 keeps none)")
 
 
 class DrainingServer(uvicorn.Server):
@@ -86,8 +90,10 @@ def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespac
         raise ValueError("shutdown-timeout must be >= 0 seconds")
     if not args.watchdog_timeout > 0:
         raise ValueError("watchdog-timeout must be > 0 seconds")
+    if args.response_store_size < 0:
+        raise ValueError("response-store-size must be >= 0")
     app = build_app(None, served_model_name=args.served_model_name, api_key=args.api_key,
-                    watchdog_timeout=args.watchdog_timeout)
+                    watchdog_timeout=args.watchdog_timeout, response_store_size=args.response_store_size)
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5),
                             app.state.server.lifecycle, args.shutdown_timeout)

@@ -24,6 +24,9 @@ from radixserve.api.generation import ClientDisconnected
 from radixserve.api.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, DrainGate
 from radixserve.api.openapi import install_openapi
 from radixserve.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from radixserve.api.response_store import DEFAULT_RESPONSE_STORE_SIZE
+from radixserve.api.responses_api import create_response, delete_response, get_response
+from radixserve.api.responses_protocol import ResponsesRequest
 from radixserve.api.state import ServerState
 from radixserve.runtime.engine import Engine, EngineStoppedError
 from radixserve.runtime.sampling_params import SamplingParams
@@ -36,8 +39,9 @@ HEALTH_GENERATE_TIMEOUT = 10.0  # seconds
 
 
 def build_app(engine: Optional[Engine] = None, served_model_name: Optional[str] = None,
-              api_key: Optional[str] = None, watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT) -> FastAPI:
-    state = ServerState(engine, served_model_name, api_key, watchdog_timeout)
+              api_key: Optional[str] = None, watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT,
+              response_store_size: int = DEFAULT_RESPONSE_STORE_SIZE) -> FastAPI:
+    state = ServerState(engine, served_model_name, api_key, watchdog_timeout, response_store_size)
     app = FastAPI(title="radixserve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
     install_error_handlers(app)
@@ -56,6 +60,18 @@ def build_app(engine: Optional[Engine] = None, served_model_name: Optional[str] 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await create_completion(body, request, state)
+
+    @app.post("/v1/responses")
+    async def create_responses(body: ResponsesRequest, request: Request) -> Response:
+        return await create_response(body, request, state)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> dict:
+        return get_response(response_id, state)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def remove_response(response_id: str) -> dict:
+        return delete_response(response_id, state)
 
     @app.get("/v1/models")
     async def models() -> dict:

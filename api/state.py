@@ -1,5 +1,5 @@
 """What every handler needs: the engine (absent while the model loads), the served model name,
-the metrics and per-model caches."""
+the metrics, per-model caches and the stored Responses."""
 from __future__ import annotations
 
 import time
@@ -9,18 +9,21 @@ from radixserve.api.errors import APIError, loading
 from radixserve.api.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, Lifecycle, engine_stopped
 from radixserve.api.logprobs import TokenTexts
 from radixserve.api.metrics import ServerMetrics
+from radixserve.api.response_store import DEFAULT_RESPONSE_STORE_SIZE, ResponseStore
 from radixserve.runtime.engine import Engine
 
 
 class ServerState:
     def __init__(self, engine: Optional[Engine], served_model_name: Optional[str], api_key: Optional[str],
-                 watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT):
+                 watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT,
+                 response_store_size: int = DEFAULT_RESPONSE_STORE_SIZE):
         self.engine: Optional[Engine] = None
         self._served_model_name = served_model_name
         self.api_key = api_key or None
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine)
         self.token_texts: Optional[TokenTexts] = None
+        self.responses = ResponseStore(response_store_size)  # finished Responses kept for previous_response_id
         self.lifecycle = Lifecycle(lambda: self.engine, watchdog_timeout, self.metrics.count_drain)
         if engine is not None:
             self.attach(engine)
