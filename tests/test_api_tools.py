@@ -34,13 +34,26 @@ def assert_valid_calls(calls) -> None:
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
-def test_required_tool_choice_returns_a_valid_call(api):
+def test_required_tool_choice_without_parallel_calls_returns_one_valid_call(api):
     r = api.client().chat.completions.create(model=api.model, messages=ASK, tools=TOOLS, tool_choice="required",
-                                             max_tokens=60, temperature=0)
+                                             parallel_tool_calls=False, max_tokens=60, temperature=0)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
+    assert len(choice.message.tool_calls) == 1
     assert_valid_calls(choice.message.tool_calls)
+
+
+def test_required_tool_choice_with_parallel_calls_may_return_several_each_valid_for_its_tool(api):
+    # Greedy, the model calls get_weather three times for this prompt; each call's arguments are
+    # constrained by its own tool's schema (the array's items are keyed by the name).
+    r = api.client().chat.completions.create(model=api.model, messages=ASK, tools=TOOLS, tool_choice="required",
+                                             max_tokens=120, temperature=0)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    assert len(calls) >= 2 and len({c.id for c in calls}) == len(calls)
+    assert_valid_calls(calls)
 
 
 def test_named_tool_choice_calls_that_tool(api):
@@ -48,19 +61,39 @@ def test_named_tool_choice_calls_that_tool(api):
         model=api.model, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_time"}})
     calls = r.choices[0].message.tool_calls
-    assert [c.function.name for c in calls] == ["get_time"]
+    assert calls and {c.function.name for c in calls} == {"get_time"}
     assert_valid_calls(calls)
 
 
-def test_streamed_tool_call_arrives_in_openai_delta_shape(api):
-    kw = dict(model=api.model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60, temperature=0)
+def streamed_calls(deltas) -> dict[int, dict]:
+    """The streamed tool-call deltas folded per index, checking OpenAI's shape on the way: the
+    first delta of a call has its id, type and name and empty arguments; later ones only
+    arguments."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for tc in d.delta.tool_calls or []:
+            if tc.index not in calls:
+                assert tc.id and tc.type == "function" and tc.function.name and tc.function.arguments == ""
+                calls[tc.index] = {"id": tc.id, "name": tc.function.name, "arguments": "", "pieces": 0}
+            else:
+                assert tc.id is None and not tc.function.name
+                calls[tc.index]["arguments"] += tc.function.arguments
+                calls[tc.index]["pieces"] += 1
+    return calls
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_streamed_tool_calls_arrive_in_openai_delta_shape_piece_by_piece(api, parallel):
+    kw = dict(model=api.model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0,
+              parallel_tool_calls=parallel)
     client = api.client()
-    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
     deltas = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
-    calls = [d.delta.tool_calls[0] for d in deltas if d.delta.tool_calls]
-    assert calls[0].index == 0 and calls[0].id and calls[0].function.name == whole.function.name
-    assert all(c.index == 0 for c in calls)
-    assert "".join(c.function.arguments or "" for c in calls) == whole.function.arguments
+    calls = streamed_calls(deltas)
+    assert sorted(calls) == list(range(len(whole))) and (len(whole) >= 2) == parallel
+    for i, call in enumerate(whole):
+        assert (calls[i]["name"], calls[i]["arguments"]) == (call.function.name, call.function.arguments)
+        assert calls[i]["pieces"] > 3  # token by token, not one fragment at the end
     assert not "".join(d.delta.content or "" for d in deltas)
     assert deltas[-1].finish_reason == "tool_calls"
 
@@ -89,9 +122,10 @@ def test_auto_tool_choice_parses_the_call_block_into_tool_calls(api):
     assert_valid_calls(choice.message.tool_calls)
     deltas = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
     assert "<tool_call>" not in "".join(d.delta.content or "" for d in deltas)
-    streamed = [d.delta.tool_calls[0] for d in deltas if d.delta.tool_calls]
-    assert streamed[0].function.name == choice.message.tool_calls[0].function.name
-    assert "".join(c.function.arguments or "" for c in streamed) == choice.message.tool_calls[0].function.arguments
+    streamed = streamed_calls(deltas)
+    assert [(c["name"], c["arguments"]) for c in streamed.values()] == [
+        (c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    assert all(c["pieces"] > 3 for c in streamed.values())
     assert deltas[-1].finish_reason == "tool_calls"
 
 
