@@ -6,7 +6,7 @@ own limits (vocabulary size, context window).
 Errors are attached by rule, not by a list of routes, so a route added later is documented too:
 every operation can answer 500 and 503 (loading, overloaded, draining: with Retry-After); one that
 reads a body or parameters, 400; one under /v1/, 401 (needed only when the server has an API key); one whose
-body names a `model`, 404.
+body names a `model` or a `previous_response_id`, or whose path names a stored response, 404.
 """
 from __future__ import annotations
 
@@ -58,6 +58,22 @@ _STREAM_EVENT = {
     "required": ["data"],
     "properties": {"data": {"anyOf": [{"const": "[DONE]"},
                                       {"type": "string", "contentMediaType": "application/json"}]}},
+}
+
+# POST /v1/responses streams OpenAI's Responses events instead: named, numbered, no [DONE].
+_RESPONSES_EVENT = {
+    "title": "ResponseStreamEvent",
+    "description": "With `stream: true`: `event: <type>` and `data: {event as JSON}` per event, each with its "
+                   "`type` and a `sequence_number` counting from 0: response.created, response.in_progress, then "
+                   "per output item response.output_item.added, response.content_part.added, "
+                   "response.output_text.delta..., response.output_text.done, response.content_part.done (a "
+                   "function_call item: response.function_call_arguments.delta..., "
+                   "response.function_call_arguments.done), response.output_item.done; last "
+                   "response.completed, response.incomplete (cut at max_output_tokens) or response.failed.",
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {"event": {"type": "string"},
+                   "data": {"type": "string", "contentMediaType": "application/json"}},
 }
 
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying, when the condition is "
@@ -170,7 +186,8 @@ def _complete_operation(path: str, operation: dict[str, Any], schemas: dict[str,
         ok["content"] = {"text/plain": {"schema": {"type": "string"},
                                         "description": "Prometheus text exposition format"}}
     if "stream" in fields:
-        ok.setdefault("content", {})["text/event-stream"] = {"schema": copy.deepcopy(_STREAM_EVENT)}
+        event = _RESPONSES_EVENT if path == "/v1/responses" else _STREAM_EVENT
+        ok.setdefault("content", {})["text/event-stream"] = {"schema": copy.deepcopy(event)}
     if body is not None or operation.get("parameters"):
         responses["400"] = _error(_BAD_REQUEST)
     if path.startswith("/v1/"):
@@ -178,8 +195,14 @@ def _complete_operation(path: str, operation: dict[str, Any], schemas: dict[str,
                                   "`Authorization: Bearer KEY`.", _WWW_AUTHENTICATE)
         if api_key:
             operation["security"] = [{"bearer": []}]
+    not_found = []
     if "model" in fields:
-        responses["404"] = _error("The `model` named is not the one this server serves (`model_not_found`).")
+        not_found.append("The `model` named is not the one this server serves (`model_not_found`).")
+    if "previous_response_id" in fields or any(p.get("in") == "path" for p in operation.get("parameters", [])):
+        not_found.append("No stored response has the id given (`response_not_found`): it was stored with "
+                         "`store: false`, deleted, or evicted from the bounded store.")
+    if not_found:
+        responses["404"] = _error(" ".join(not_found))
     responses["500"] = _error("An internal error; the message names the request id to find in the server log.")
     responses["503"] = _error("Not serving now: the model is still loading (`model_loading`), too many requests "
                               "are waiting (`overloaded`), the server is draining (`shutting_down`) - these "

@@ -46,7 +46,8 @@ async def create_response(req: ResponsesRequest, http: Request, state: ServerSta
         tool_field = "tool_choice" if req.tool_choice is not None else "tools"
         tool_constraint = (tool_field, plan.build_constraint) if plan.build_constraint else None
         constraint, constraint_field = request_constraint(turn.chat, tool_constraint)
-        prompt_text, ids = prompt_ids(engine.tokenizer, turn, plan.template_tools)
+        prompt_text, ids = prompt_ids(engine.tokenizer, turn.chat.messages, plan.template_tools,
+                                     turn.previous)
         max_tokens = resolve_max_tokens(engine, req.max_output_tokens, len(ids), None, "input")
     except APIError as e:
         raise renamed(e) from None

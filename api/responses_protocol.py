@@ -33,14 +33,25 @@ class OutputText(_Strict):
     logprobs: Optional[list[Any]] = None
 
 
-ContentPart = Annotated[Union[InputText, OutputText], Field(discriminator="type")]
+def _by_type(tags: dict[str, str], default: str):
+    """A discriminator reading `type` into a hyphenated tag: api/errors.py leaves such tags out of
+    the field path it reports (`input[0].role`, not `input[0].message.role`). An unknown type
+    goes to `default`, whose model then names the field and the types it takes."""
+    def tag(value: Any) -> str:
+        kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
+        return tags.get(kind, default) if isinstance(kind, str) else default
+    return Discriminator(tag)
+
+
+ContentPart = Annotated[Union[Annotated[InputText, Tag("input-text")], Annotated[OutputText, Tag("output-text")]],
+                        _by_type({"input_text": "input-text", "output_text": "output-text"}, "input-text")]
 
 
 class MessageItem(_Strict):
     """A message; `type` may be left out (OpenAI's "easy input message")."""
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: Union[str, list[ContentPart]]
+    content: Union[list[ContentPart], str]   # list first: its errors are the ones reported
     id: Optional[str] = None
     status: Optional[ItemStatus] = None
 
@@ -64,7 +75,7 @@ class FunctionCallItem(_Strict):
 class FunctionCallOutputItem(_Strict):
     type: Literal["function_call_output"]
     call_id: str
-    output: Union[str, list[InputText]]
+    output: Union[list[InputText], str]
     id: Optional[str] = None
     status: Optional[ItemStatus] = None
 
@@ -75,17 +86,12 @@ class FunctionCallOutputItem(_Strict):
         return "\n".join(part.text for part in self.output)
 
 
-def _item_kind(value: Any) -> str:
-    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
-    return {"function_call": "function-call", "function_call_output": "function-call-output"}.get(
-        kind, "message-item")
-
-
-# Tags with a hyphen: api/errors.py leaves them out of the field path it reports (input[0].role).
+# A message may leave out its type, so an item without one is a message.
 InputItem = Annotated[Union[Annotated[MessageItem, Tag("message-item")],
                             Annotated[FunctionCallItem, Tag("function-call")],
                             Annotated[FunctionCallOutputItem, Tag("function-call-output")]],
-                      Discriminator(_item_kind)]
+                      _by_type({"message": "message-item", "function_call": "function-call",
+                                "function_call_output": "function-call-output"}, "message-item")]
 
 
 # ---- tools and text format -------------------------------------------------------------------
@@ -128,8 +134,11 @@ class TextFormatJsonSchema(_Strict):
     strict: Optional[bool] = None
 
 
-TextFormat = Annotated[Union[TextFormatText, TextFormatJsonObject, TextFormatJsonSchema],
-                       Field(discriminator="type")]
+TextFormat = Annotated[Union[Annotated[TextFormatText, Tag("text-format")],
+                             Annotated[TextFormatJsonObject, Tag("json-object")],
+                             Annotated[TextFormatJsonSchema, Tag("json-schema")]],
+                       _by_type({"text": "text-format", "json_object": "json-object", "json_schema": "json-schema"},
+                                "text-format")]
 
 
 class TextConfig(_Strict):
@@ -149,7 +158,7 @@ class ResponsesRequest(_Strict):
     model_config = ConfigDict(json_schema_extra=_tool_choice_needs_tools)
 
     model: Optional[str] = None
-    input: Union[str, Annotated[list[InputItem], Field(min_length=1)]]
+    input: Union[Annotated[list[InputItem], Field(min_length=1)], str]
     instructions: Optional[str] = None
     previous_response_id: Optional[str] = None
     store: bool = True

@@ -28,7 +28,7 @@ from radixserve.runtime.tokenizer import Tokenizer
 
 # Chat field names in errors, as the Responses request names them.
 RENAMES = {"response_format": "text.format", "max_tokens": "max_output_tokens", "messages": "input",
-           "prompt": "input"}
+           "messages.tool_calls": "input", "prompt": "input"}
 
 
 @dataclass
@@ -93,11 +93,11 @@ def output_messages(items: list[dict[str, Any]]) -> list[ChatMessage]:
     return [ChatMessage(role="assistant", content=text if text or not calls else None, tool_calls=calls or None)]
 
 
-def prompt_ids(tokenizer: Tokenizer, turn: Turn, template_tools) -> tuple[str, list[int]]:
+def prompt_ids(tokenizer: Tokenizer, messages: list[ChatMessage], template_tools: Optional[list[dict[str, Any]]],
+               previous: Optional[StoredResponse]) -> tuple[str, list[int]]:
     """The rendered prompt and its token ids, starting with the previous turn's own ids when the
     text allows it."""
-    text = render_chat_prompt(tokenizer, turn.chat.messages, template_tools)
-    previous = turn.previous
+    text = render_chat_prompt(tokenizer, messages, template_tools)
     if previous is not None and text.startswith(previous.text):
         return text, previous.token_ids + tokenizer.encode(text[len(previous.text):], add_special_tokens=False)
     return text, tokenizer.encode(text)

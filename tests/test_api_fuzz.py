@@ -50,6 +50,8 @@ CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "regex", "ebnf", "
 # by the message's start: whether a grammar compiles, how many tokens a text makes, duplicates
 # and cross-references inside lists.
 UNSTATABLE_CODES = {"invalid_grammar", "context_length_exceeded"}
+# Whether an id names a stored response (GET/DELETE /v1/responses/{id}, previous_response_id).
+UNSTATABLE_NOT_FOUND = {"response_not_found"}
 UNSTATABLE_MESSAGES = ("tools: function names must be unique", "tool_choice: function ",
                        "messages: chat template failed")
 
@@ -124,6 +126,52 @@ def _bound_work(body: dict, served_model: str) -> None:
         body["model"] = served_model
 
 
+def _bound_response(body: dict, served_model: str) -> None:
+    """POST /v1/responses: the same bounds as chat, in Responses' field names."""
+    if isinstance(body.get("max_output_tokens"), (int, float)) and not isinstance(body["max_output_tokens"], bool):
+        body["max_output_tokens"] = min(body["max_output_tokens"], MAX_TOKENS)
+    if body.get("max_output_tokens") is None:
+        body["max_output_tokens"] = MAX_TOKENS
+    # A random id names no stored response (a documented 404); without one the case reaches the model.
+    body.pop("previous_response_id", None)
+    items = body.get("input")
+    if isinstance(items, str):
+        body["input"] = _short(items)
+    elif isinstance(items, list):
+        del items[MAX_MESSAGES:]
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            for key in ("content", "output"):
+                if isinstance(item.get(key), str):
+                    item[key] = _short(item[key])
+                elif isinstance(item.get(key), list):
+                    del item[key][MAX_PARTS:]
+                    for part in item[key]:
+                        if isinstance(part, dict):
+                            part["text"] = _short(part.get("text"))
+            if isinstance(item.get("arguments"), str):  # JSON text; the schema can only say "string"
+                try:
+                    json.loads(item["arguments"])
+                except ValueError:
+                    item["arguments"] = "{}"
+    if isinstance(body.get("tools"), list):
+        del body["tools"][MAX_PARTS:]
+        for tool in body["tools"]:
+            if isinstance(tool, dict):
+                tool["description"] = _short(tool.get("description"))
+                if len(json.dumps(tool.get("parameters") or {})) > MAX_SCHEMA_CHARS:
+                    tool["parameters"] = {"type": "object"}
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and body.get("tools") and body.get("tool_choice") != "none":
+        text.pop("format")  # one constraint per request: tools count as one
+    if isinstance(fmt, dict) and isinstance(fmt.get("schema"), dict) and len(json.dumps(fmt["schema"])) > MAX_SCHEMA_CHARS:
+        fmt["schema"] = {"type": "object"}
+    if body.get("model") is not None:
+        body["model"] = served_model
+
+
 def _one_constraint(body: dict) -> None:
     """Keep one structured-output spelling (tools other than tool_choice none count as one)."""
     def is_set(name: str) -> bool:
@@ -162,6 +210,8 @@ def make_shape_positive_case(served_model: str):
             if path in GENERATION_PATHS:
                 _bound_work(body, served_model)
                 _one_constraint(body)
+            if path == "/v1/responses":
+                _bound_response(body, served_model)
         return case
 
     return shape_positive_case
@@ -170,12 +220,14 @@ def make_shape_positive_case(served_model: str):
 def refusal_no_schema_can_state(context, failure, case, response) -> bool:
     """False (drop the failure) for a schema-valid request refused for a documented reason no
     schema can state."""
-    if not isinstance(failure, RejectedPositiveData) or response.status_code != 400:
+    if not isinstance(failure, RejectedPositiveData) or response.status_code not in (400, 404):
         return True
     try:
         error = json.loads(response.content)["error"]
     except (ValueError, KeyError, TypeError):
         return True
+    if response.status_code == 404:
+        return error.get("code") not in UNSTATABLE_NOT_FOUND
     if error.get("code") in UNSTATABLE_CODES:
         return False
     return not str(error.get("message", "")).startswith(UNSTATABLE_MESSAGES)
@@ -271,7 +323,7 @@ def test_the_run_reaches_every_operation_in_both_phases(fuzz, api_server):
 
 def test_schema_valid_generation_requests_reach_the_model(fuzz):
     # Without this the hooks could make every case a cheap refusal and the run would prove little.
-    for operation in ("POST /v1/chat/completions", "POST /v1/completions"):
+    for operation in ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses"):
         answered = sum(n for (op, mode, status), n in fuzz.statuses.items()
                        if op == operation and mode == "positive" and status == 200)
         assert answered >= MAX_EXAMPLES // 2, (operation, answered)
