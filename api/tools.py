@@ -3,10 +3,11 @@ grammar, and the parsers that turn the model's output back into OpenAI `tool_cal
 piece as it is generated.
 
 - `none` (or no tools): plain text, tools are not shown to the model.
-- `required` / a named function: the whole output is grammar-constrained JSON: one call object
+- `required`: the whole output is grammar-constrained JSON: one call object
   `{"name": ..., "arguments": {...}}`, or with `parallel_tool_calls` (OpenAI's default) a non-empty
   array of them; every call's arguments validate against its own tool's parameters. JSON (not a
   structural tag) so that both grammar backends can enforce it.
+- a named function: exactly one call object to that function, as OpenAI answers it.
 - `auto`: the model answers freely; each Hermes-style `<tool_call>` block is constrained by a
   structural tag (arguments always valid for the tool the block names) and parsed into
   `tool_calls`; without `parallel_tool_calls` the output ends after the first block. A tool-call
@@ -125,7 +126,9 @@ def plan_tools(req: Any) -> ToolPlan:
     if not named:
         raise bad_request(f"tool_choice: function {choice.function.name!r} is not among the tools "
                           f"({', '.join(names)})", param="tool_choice")
-    return ToolPlan("required", named, lambda: GrammarSpec.json_schema(_calls_schema(named, parallel)), parallel)
+    # A named function is one call to it, as OpenAI answers it (instructor and langchain's
+    # structured output read exactly one call), whatever parallel_tool_calls says.
+    return ToolPlan("required", named, lambda: GrammarSpec.json_schema(_calls_schema(named, False)), False)
 
 
 def _calls_schema(tools: list[ToolDefinition], parallel: bool) -> dict[str, Any]:
