@@ -130,13 +130,14 @@ def test_a_killed_loop_thread_ends_its_requests_and_health_turns_503(default_mod
 
 
 def test_a_step_stalled_past_the_watchdog_timeout_turns_health_503_until_it_ends(default_model_files):
-    with server(default_model_files, watchdog_timeout=0.5) as (url, engine):
-        fault("stall", times=1, seconds=2.5)(engine)
+    # the watchdog is well above the idle loop's 0.5 s wake-up, so a busy machine cannot trip it
+    with server(default_model_files, watchdog_timeout=1.5) as (url, engine):
+        fault("stall", times=1, seconds=4.0)(engine)
         stream = engine.submit("Hello", SamplingParams(max_tokens=2))
-        time.sleep(1.2)
+        time.sleep(2.5)
         during = httpx.get(url + "/health", timeout=10)
         outputs = list(stream)
-        time.sleep(0.6)  # the idle loop wakes at least every 0.5 s
+        time.sleep(0.6)
         after = httpx.get(url + "/health", timeout=10)
     assert during.status_code == 503 and during.json()["error"]["code"] == "engine_stalled"
     assert outputs[-1].finish_reason in ("stop", "length")
