@@ -6,6 +6,11 @@ call, so the next turn answers in text)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
 from typing import Literal
 
 from agents import Agent, ModelSettings, RunConfig, Runner, function_tool
@@ -74,3 +79,18 @@ def test_streamed_agent_run_calls_the_tool_and_streams_the_answer(api):
     assert "response.function_call_arguments.delta" in raw and "response.output_text.delta" in raw
     assert raw.count("response.completed") == 2  # the call turn and the answer turn
     assert isinstance(streamed.final_output, str) and streamed.final_output
+
+
+def test_readme_agent_example_runs_against_the_server(api):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "from agents import" in b]
+    code = block.replace("http://127.0.0.1:8000", api.url).replace('"SmolLM2-135M-Instruct"', json.dumps(api.model))
+    namespace: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(code, "README.md", "exec"), namespace)
+    result, first, second = namespace["result"], namespace["first"], namespace["second"]
+    assert isinstance(json.loads(result.new_items[0].raw_item.arguments)["city"], str)
+    assert isinstance(result.final_output, str) and result.final_output
+    page = api.engine.config.page_size
+    turn_one = first.usage.input_tokens + first.usage.output_tokens
+    assert second.usage.input_tokens_details.cached_tokens >= (turn_one - 1) // page * page
