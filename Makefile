@@ -39,6 +39,7 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/json_schemas.py
 	HF_HUB_OFFLINE=1 $(PY) bench/lifecycle_load.py
 	HF_HUB_OFFLINE=1 $(PY) bench/responses.py
+	HF_HUB_OFFLINE=1 $(PY) bench/tool_calls.py
 	HF_HUB_OFFLINE=1 $(PY) bench/compare.py
 
 # Opt-in, never part of `make test`: llama.cpp's server built from source (~5 minutes on 2 cores).
