@@ -34,34 +34,12 @@ def assert_valid_calls(calls) -> None:
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
-def test_required_tool_choice_without_parallel_calls_returns_one_valid_call(api):
-    r = api.client().chat.completions.create(model=api.model, messages=ASK, tools=TOOLS, tool_choice="required",
-                                             parallel_tool_calls=False, max_tokens=60, temperature=0)
-    choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls"
-    assert choice.message.content is None
-    assert len(choice.message.tool_calls) == 1
-    assert_valid_calls(choice.message.tool_calls)
-
-
-def test_required_tool_choice_with_parallel_calls_may_return_several_each_valid_for_its_tool(api):
-    # Greedy, the model calls get_weather three times for this prompt; each call's arguments are
-    # constrained by its own tool's schema (the array's items are keyed by the name).
-    r = api.client().chat.completions.create(model=api.model, messages=ASK, tools=TOOLS, tool_choice="required",
-                                             max_tokens=120, temperature=0)
-    choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    calls = choice.message.tool_calls
-    assert len(calls) >= 2 and len({c.id for c in calls}) == len(calls)
-    assert_valid_calls(calls)
-
-
 def test_named_tool_choice_calls_that_tool(api):
     r = api.client().chat.completions.create(
         model=api.model, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0,
         tool_choice={"type": "function", "function": {"name": "get_time"}})
     calls = r.choices[0].message.tool_calls
-    assert calls and {c.function.name for c in calls} == {"get_time"}
+    assert [c.function.name for c in calls] == ["get_time"]  # one call, parallel_tool_calls or not
     assert_valid_calls(calls)
 
 
@@ -83,14 +61,22 @@ def streamed_calls(deltas) -> dict[int, dict]:
 
 
 @pytest.mark.parametrize("parallel", [False, True])
-def test_streamed_tool_calls_arrive_in_openai_delta_shape_piece_by_piece(api, parallel):
+def test_required_tool_choice_gives_one_call_or_with_parallel_calls_several_each_valid_streamed_alike(api, parallel):
+    # Greedy, the model calls get_weather three times for this prompt when it may: each call's
+    # arguments are constrained by its own tool's schema (the array's items are keyed by the name).
+    # Streamed, every call arrives in OpenAI's delta shape, its arguments token by token.
     kw = dict(model=api.model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0,
               parallel_tool_calls=parallel)
     client = api.client()
-    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    choice = client.chat.completions.create(**kw).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    whole = choice.message.tool_calls
+    assert (len(whole) >= 2) if parallel else (len(whole) == 1)
+    assert len({c.id for c in whole}) == len(whole)
+    assert_valid_calls(whole)
     deltas = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
     calls = streamed_calls(deltas)
-    assert sorted(calls) == list(range(len(whole))) and (len(whole) >= 2) == parallel
+    assert sorted(calls) == list(range(len(whole)))
     for i, call in enumerate(whole):
         assert (calls[i]["name"], calls[i]["arguments"]) == (call.function.name, call.function.arguments)
         assert calls[i]["pieces"] > 3  # token by token, not one fragment at the end
@@ -231,3 +217,64 @@ def test_hermes_parser_never_starts_a_call_to_an_unknown_tool():
 def test_whole_output_parser_reads_one_call_object_or_an_array_of_them(text, calls):
     for pieces in splits(text):
         assert run_parser(WholeOutputToolCallParser(set(SCHEMAS)), pieces) == ("", calls)
+
+
+# ---- what each plan's grammar lets through (the xgrammar backend over the default vocabulary) -----
+@pytest.fixture(scope="module")
+def xgrammar(default_model_files, default_tokenizer):
+    from radixserve.grammar import make_grammar_backend
+    return make_grammar_backend("xgrammar", default_tokenizer.vocab_info(default_model_files.config.vocab_size))
+
+
+def accepts(backend, tokenizer, spec, text: str, then_stop: bool = True) -> bool:
+    """Whether the grammar takes `text` token by token (and then a stop token)."""
+    matcher = backend.matcher(backend.compile(spec))
+    if not all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False)):
+        return False
+    return not then_stop or matcher.accept_token(backend.vocab.stop_token_ids[-1])
+
+
+def constraint(tool_choice, parallel):
+    from radixserve.api.protocol import ChatCompletionRequest
+    from radixserve.api.tools import plan_tools
+    req = ChatCompletionRequest.model_validate({"messages": ASK, "tools": TOOLS, "tool_choice": tool_choice,
+                                                "parallel_tool_calls": parallel})
+    return plan_tools(req).build_constraint()
+
+
+def block(name: str, args: dict) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args, separators=(",", ":"))}}}\n</tool_call>'
+
+
+TWO_CALLS = [("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {"timezone": "CET"})]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_auto_grammar_allows_a_second_call_block_only_with_parallel_tool_calls(xgrammar, default_tokenizer,
+                                                                              parallel):
+    spec = constraint("auto", parallel)
+    first = "Let me check. " + block(*TWO_CALLS[0])
+    assert accepts(xgrammar, default_tokenizer, spec, first)
+    assert accepts(xgrammar, default_tokenizer, spec, first + "\n" + block(*TWO_CALLS[1])) == parallel
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_required_grammar_takes_an_array_of_calls_only_with_parallel_tool_calls(xgrammar, default_tokenizer,
+                                                                               parallel):
+    spec = constraint("required", parallel)
+    calls = [{"name": n, "arguments": a} for n, a in TWO_CALLS]
+    compact = dict(separators=(",", ":"))
+    assert accepts(xgrammar, default_tokenizer, spec, json.dumps(calls, **compact)) == parallel
+    assert accepts(xgrammar, default_tokenizer, spec, json.dumps(calls[0], **compact)) == (not parallel)
+    # each call's arguments follow its own tool's schema, not another tool's
+    swapped = [{"name": "get_time", "arguments": TWO_CALLS[0][1]}]
+    assert not accepts(xgrammar, default_tokenizer, spec, json.dumps(swapped if parallel else swapped[0], **compact),
+                       then_stop=False)
+    assert not accepts(xgrammar, default_tokenizer, spec, "[]" if parallel else "{}", then_stop=False)
+
+
+def test_named_grammar_is_one_call_even_with_parallel_tool_calls(xgrammar, default_tokenizer):
+    spec = constraint({"type": "function", "function": {"name": "get_time"}}, True)
+    call = {"name": "get_time", "arguments": {"timezone": "CET"}}
+    assert accepts(xgrammar, default_tokenizer, spec, json.dumps(call, separators=(",", ":")))
+    assert not accepts(xgrammar, default_tokenizer, spec, json.dumps([call], separators=(",", ":")), then_stop=False)
