@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from radixserve.api import responses
-from radixserve.api.chat_prompt import render_chat_prompt
+from radixserve.api.chat_prompt import render_chat_prompt, with_schema_instruction
 from radixserve.api.constraints import request_constraint
 from radixserve.api.generation import Choice, Generation, until_disconnected
 from radixserve.api.logprobs import chat_logprobs
@@ -34,7 +34,11 @@ async def create_chat_completion(req: ChatCompletionRequest, http: Request, stat
     tool_field = "tool_choice" if req.tool_choice is not None else "tools"
     tool_constraint = (tool_field, plan.build_constraint) if plan.build_constraint else None
     constraint, constraint_field = request_constraint(req, tool_constraint)
-    prompt = render_chat_prompt(engine.tokenizer, req.messages, plan.template_tools, req.chat_template_kwargs)
+    messages = req.messages
+    schema = _response_schema(req)
+    if schema is not None and state.schema_in_prompt:
+        messages = with_schema_instruction(messages, schema)
+    prompt = render_chat_prompt(engine.tokenizer, messages, plan.template_tools, req.chat_template_kwargs)
     prompt_ids = engine.tokenizer.encode(prompt)
     max_tokens = resolve_max_tokens(engine, req.requested_max_tokens, len(prompt_ids), None, "messages")
     top_k = req.top_logprobs or 0
@@ -46,6 +50,14 @@ async def create_chat_completion(req: ChatCompletionRequest, http: Request, stat
     parsers = {c.index: plan.new_parser() for c in gen.choices}
     reply = _ChatReply(req, state, gen, model, rid, parsers)
     return await gen.respond(http, reply, req.stream, constraint is not None)
+
+
+def _response_schema(req: ChatCompletionRequest) -> Any:
+    """The schema of OpenAI's `response_format: json_schema` (what `parse()` sends), or None."""
+    rf = req.response_format
+    if rf is None or rf.type != "json_schema" or rf.json_schema is None:
+        return None
+    return rf.json_schema.schema_
 
 
 class _ChatReply:

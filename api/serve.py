@@ -41,6 +41,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--response-store-size", type=int, default=DEFAULT_RESPONSE_STORE_SIZE,
                    help="finished /v1/responses kept in memory for previous_response_id and GET, least recently "
                         "used evicted first (0 keeps none)")
+    p.add_argument("--no-schema-in-prompt", dest="schema_in_prompt", action="store_false",
+                   help="enforce a chat response_format json_schema without also stating it in the system message")
 
 
 class DrainingServer(uvicorn.Server):
@@ -93,7 +95,8 @@ def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespac
     if args.response_store_size < 0:
         raise ValueError("response-store-size must be >= 0")
     app = build_app(None, served_model_name=args.served_model_name, api_key=args.api_key,
-                    watchdog_timeout=args.watchdog_timeout, response_store_size=args.response_store_size)
+                    watchdog_timeout=args.watchdog_timeout, response_store_size=args.response_store_size,
+                    schema_in_prompt=args.schema_in_prompt)
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5),
                             app.state.server.lifecycle, args.shutdown_timeout)

@@ -40,8 +40,8 @@ HEALTH_GENERATE_TIMEOUT = 10.0  # seconds
 
 def build_app(engine: Optional[Engine] = None, served_model_name: Optional[str] = None,
               api_key: Optional[str] = None, watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT,
-              response_store_size: int = DEFAULT_RESPONSE_STORE_SIZE) -> FastAPI:
-    state = ServerState(engine, served_model_name, api_key, watchdog_timeout, response_store_size)
+              response_store_size: int = DEFAULT_RESPONSE_STORE_SIZE, schema_in_prompt: bool = True) -> FastAPI:
+    state = ServerState(engine, served_model_name, api_key, watchdog_timeout, response_store_size, schema_in_prompt)
     app = FastAPI(title="radixserve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
     install_error_handlers(app)
