@@ -11,6 +11,7 @@ import json
 import time
 from typing import Any, AsyncIterator, Callable, Optional
 
+from fastapi import Path
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
@@ -64,6 +65,13 @@ async def create_response(req: ResponsesRequest, http: Request, state: ServerSta
     except BaseException:
         gen.abort()
         raise
+
+
+# Ids are this server's own (resp_<hex>); the pattern keeps path-unsafe text out of the document.
+RESPONSE_ID = Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$",
+                   description="the `id` of a response created with `store` true")
+# Methods /v1/responses/{id} does not serve (each answered 405 with `Allow: DELETE, GET`).
+OTHER_METHODS = ["POST", "PUT", "PATCH", "HEAD", "OPTIONS", "TRACE"]
 
 
 def get_response(response_id: str, state: ServerState) -> dict[str, Any]:

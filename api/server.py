@@ -25,7 +25,8 @@ from radixserve.api.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, DrainGate
 from radixserve.api.openapi import install_openapi
 from radixserve.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from radixserve.api.response_store import DEFAULT_RESPONSE_STORE_SIZE
-from radixserve.api.responses_api import create_response, delete_response, get_response
+from radixserve.api.responses_api import (OTHER_METHODS, RESPONSE_ID, create_response, delete_response,
+                                          get_response)
 from radixserve.api.responses_protocol import ResponsesRequest
 from radixserve.api.state import ServerState
 from radixserve.runtime.engine import Engine, EngineStoppedError
@@ -66,12 +67,22 @@ def build_app(engine: Optional[Engine] = None, served_model_name: Optional[str] 
         return await create_response(body, request, state)
 
     @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(response_id: str) -> dict:
+    async def retrieve_response(response_id: str = RESPONSE_ID) -> dict:
         return get_response(response_id, state)
 
     @app.delete("/v1/responses/{response_id}")
-    async def remove_response(response_id: str) -> dict:
+    async def delete_stored_response(response_id: str = RESPONSE_ID) -> dict:
         return delete_response(response_id, state)
+
+    # Two routes share that path, so Starlette's 405 would name only the first one's method.
+    @app.api_route("/v1/responses/{response_id}", methods=OTHER_METHODS, include_in_schema=False)
+    async def stored_response_other_method() -> Response:
+        raise APIError(405, "Method Not Allowed", headers={"Allow": "DELETE, GET"})
+
+    # An empty id names no response: a 404, not a redirect to POST /v1/responses.
+    @app.api_route("/v1/responses/", methods=["GET", "DELETE"], include_in_schema=False)
+    async def no_response_id() -> dict:
+        return get_response("", state)
 
     @app.get("/v1/models")
     async def models() -> dict:

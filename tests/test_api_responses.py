@@ -241,7 +241,7 @@ def test_a_tool_loop_sends_calls_and_outputs_back_as_input_items(api):
 # ---- conversations by id --------------------------------------------------------------------
 def test_previous_response_id_continues_the_conversation_from_the_cache(api):
     client = api.client()
-    long_story = "Here is a story. " + " ".join(f"Sentence {i} is about a red fox." for i in range(60))
+    long_story = "Here is a story. " + " ".join(f"Sentence {i} is about a red fox." for i in range(30))
     first = create(api, input=long_story, instructions="Summarise briefly.", max_output_tokens=16)
     second = create(api, input="Thanks!", instructions="Summarise briefly.", previous_response_id=first.id,
                     max_output_tokens=8)
@@ -338,6 +338,19 @@ def test_invalid_requests_get_a_400_naming_the_field(api, body, param):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param, error
+
+
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "OPTIONS"])
+def test_other_methods_on_a_stored_response_get_405_naming_both_it_serves(api, method):
+    r = httpx.request(method, f"{api.base_url}/responses/resp_1", timeout=30)
+    assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET"
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_response_id_that_cannot_be_one_is_a_400_and_an_empty_one_a_404(api):
+    r = httpx.get(f"{api.base_url}/responses/a.b", timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_id"
+    assert_not_found(httpx.get(f"{api.base_url}/responses/", timeout=30, follow_redirects=False), None)
 
 
 # ---- output items from parser events (no server) --------------------------------------------
