@@ -18,12 +18,13 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
+from radixserve.api.chat_prompt import with_schema_instruction
 from radixserve.api.constraints import request_constraint
 from radixserve.api.errors import APIError
 from radixserve.api.generation import Generation, until_disconnected
 from radixserve.api.response_store import StoredResponse
 from radixserve.api.responses_output import Event, OutputBuilder, new_id
-from radixserve.api.responses_protocol import ResponsesRequest
+from radixserve.api.responses_protocol import ResponsesRequest, TextFormatJsonSchema
 from radixserve.api.responses_turn import RENAMES, Turn, build_turn, output_messages, prompt_ids, renamed
 from radixserve.api.sampling import resolve_max_tokens, sampling_params
 from radixserve.api.state import ServerState
@@ -47,8 +48,11 @@ async def create_response(req: ResponsesRequest, http: Request, state: ServerSta
         tool_field = "tool_choice" if req.tool_choice is not None else "tools"
         tool_constraint = (tool_field, plan.build_constraint) if plan.build_constraint else None
         constraint, constraint_field = request_constraint(turn.chat, tool_constraint)
-        prompt_text, ids = prompt_ids(engine.tokenizer, turn.chat.messages, plan.template_tools,
-                                     turn.previous)
+        messages = turn.chat.messages
+        fmt = req.text.format if req.text is not None else None
+        if isinstance(fmt, TextFormatJsonSchema) and state.schema_in_prompt:  # as chat states response_format's
+            messages = with_schema_instruction(messages, fmt.schema_)
+        prompt_text, ids = prompt_ids(engine.tokenizer, messages, plan.template_tools, turn.previous)
         max_tokens = resolve_max_tokens(engine, req.max_output_tokens, len(ids), None, "input")
     except APIError as e:
         raise renamed(e) from None

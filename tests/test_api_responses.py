@@ -162,6 +162,10 @@ def test_json_schema_format_is_enforced_and_parses_with_the_official_client(api)
     assert r.status == "completed"
     assert isinstance(r.output_parsed, Capital)
     jsonschema.validate(json.loads(r.output_text), Capital.model_json_schema())
+    # the same prompt as chat's parse(): the schema stated in the system message too
+    chat = api.client().chat.completions.parse(model=api.model, messages=[{"role": "user", "content": SHORT}],
+                                               response_format=Capital, temperature=0, max_tokens=40)
+    assert r.usage.input_tokens == chat.usage.prompt_tokens and r.output_text == chat.choices[0].message.content
 
 
 def test_json_object_format_gives_a_json_object(api):
