@@ -23,8 +23,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 serve: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/radixserve serve --host 127.0.0.1 --port 8000
 
+# Two workers with one OpenMP thread each: much of the suite is single-threaded Python (servers
+# starting, the Triton interpreter, fuzzing), and two 2-thread torch teams on 2 cores would spin
+# against each other. A file's tests stay on one worker, with its module fixtures.
+TEST_WORKERS ?= 2
 test: setup
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/pytest
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Every figure in README.md; about an hour on 2 cores. bench/compare.py includes llama.cpp once
 # `make bench-peers` has built it.
