@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -34,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from radixserve.grammar import GrammarError, GrammarSpec, make_grammar_backend  # noqa: E402
 from radixserve.grammar.json_schema import normalise_json_schema, validator_class  # noqa: E402
 from radixserve.grammar.schema_support import XGRAMMAR_SUPPORT  # noqa: E402
+from local_server import LocalServer  # noqa: E402  (bench/, beside this script)
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = json.loads((ROOT / "tests" / "schemas" / "corpus.json").read_text())
@@ -105,12 +104,6 @@ def part_generate(engine, accepted: list[dict], max_tokens: int) -> dict:
             "seconds": round(elapsed, 1)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _pydantic_cases():
     """(name, Pydantic model, prompt of call i): a float first, as the issue's runaway numbers; and
     a free-text string before the float, where the small model may ramble inside the string."""
@@ -131,25 +124,10 @@ def _pydantic_cases():
 
 
 def part_parse(calls: int, max_tokens: int, concurrency: int) -> dict:
-    import httpx
     import openai
 
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "radixserve.api.cli", "serve", "--host", "127.0.0.1",
-                               "--port", str(port), "--log-level", "warning"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("radixserve serve did not come up")
-            time.sleep(1)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    with LocalServer() as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
         model = client.models.list().data[0].id
         report = {}
         for name, response_format, prompt in _pydantic_cases():
@@ -175,12 +153,6 @@ def part_parse(calls: int, max_tokens: int, concurrency: int) -> dict:
                             "seconds": round(time.perf_counter() - t0, 1)}
             print(name, json.dumps(report[name], indent=1), flush=True)
         return report
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def main() -> int:

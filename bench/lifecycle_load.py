@@ -14,20 +14,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import httpx
+from local_server import LocalServer  # bench/, beside this script
 
 RESULTS = Path(__file__).with_name("results") / "lifecycle_load.json"
 MALFORMED = [  # bodies a careless client sends: each must be a 4xx, never a 5xx or a hang
@@ -67,12 +64,6 @@ class Report:
     exit_status: Optional[int] = None
     seconds_to_exit_after_sigterm: Optional[float] = None
     invariant_broken_in_log: bool = False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:
@@ -176,23 +167,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=RESULTS)
     args = ap.parse_args()
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server_log = tempfile.TemporaryFile("w+")  # not a pipe: a full pipe would block the server
-    proc = subprocess.Popen([sys.executable, "-m", "radixserve.api.cli", "serve", "--port", str(port),
-                             "--shutdown-timeout", str(args.shutdown_timeout), "--log-level", "warning"],
-                            stderr=server_log, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            server_log.seek(0)
-            sys.exit(f"the server did not start: {server_log.read()}")
-        time.sleep(0.2)
+    server = LocalServer("--shutdown-timeout", str(args.shutdown_timeout))
+    url, proc = server.url, server.proc
 
     report = Report(args.clients, args.duration)
     report.rss_mib_before = rss_mib(proc.pid)
@@ -206,8 +182,7 @@ def main() -> None:
         load(url, proc, args.clients - head, args.duration * 0.1, rng, args, sigterm_at_end=True))
     outcomes += tail
     report.exit_status = proc.returncode
-    server_log.seek(0)
-    report.invariant_broken_in_log = "INVARIANT BROKEN" in server_log.read()
+    report.invariant_broken_in_log = "INVARIANT BROKEN" in server.log()
     report.kv_pages_leaked = report.kv_pages_used_after_load
     for o in outcomes:
         report.counts[o.kind] = report.counts.get(o.kind, 0) + 1

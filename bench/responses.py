@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
+from local_server import LocalServer  # bench/, beside this script
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -34,28 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "responses.json"
 PROMPT = "Write one sentence about the sea."
 MAX_TOKENS = 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int) -> subprocess.Popen:
-    server = subprocess.Popen([sys.executable, "-m", "radixserve.api.cli", "serve", "--host", "127.0.0.1",
-                               "--port", str(port), "--log-level", "warning"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("radixserve serve did not become healthy")
-        time.sleep(0.5)
 
 
 def first_delta_seconds(client: httpx.Client, path: str, body: dict, is_first) -> float:
@@ -144,20 +120,11 @@ def main() -> None:
     parser.add_argument("--first-turn-tokens", type=int, default=1000)
     parser.add_argument("--port", type=int, default=0, help="0: a free port")
     args = parser.parse_args()
-    port = args.port or free_port()
-    server = start_server(port)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
-            model = client.get("/v1/models").json()["data"][0]["id"]
-            result = {"model": model, "cpu_count": os.cpu_count(),
-                      "ttft": part_ttft(client, model, args.pairs),
-                      "resume": part_resume(client, model, args.first_turn_tokens)}
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    with LocalServer(port=args.port) as server, httpx.Client(base_url=server.url, timeout=300) as client:
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        result = {"model": model, "cpu_count": os.cpu_count(),
+                  "ttft": part_ttft(client, model, args.pairs),
+                  "resume": part_resume(client, model, args.first_turn_tokens)}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -20,10 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -31,9 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import httpx
 import jsonschema
 import openai
+
+from local_server import LocalServer  # bench/, beside this script
 
 RESULTS = Path(__file__).with_name("results") / "tool_calls.json"
 
@@ -184,30 +181,6 @@ def run_mode(client: openai.OpenAI, model: str, tool_choice: str, requests: int,
     return report
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int, log) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "radixserve.api.cli", "serve", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.seek(0)
-            proc.kill()
-            sys.exit(f"radixserve serve did not come up: {log.read()[-2000:]}")
-        time.sleep(0.5)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=50, help="per tool_choice mode")
@@ -218,13 +191,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=RESULTS)
     args = ap.parse_args()
 
-    log = tempfile.TemporaryFile("w+")  # not a pipe: a full pipe would block the server
-    proc = None
-    url = args.url
-    if url is None:
-        port = free_port()
-        proc = start_server(port, log)
-        url = f"http://127.0.0.1:{port}/v1"
+    server = None if args.url else LocalServer()
+    url = args.url or server.url + "/v1"
     try:
         client = openai.OpenAI(base_url=url, api_key=os.environ.get("RADIXSERVE_API_KEY", "none"),
                                max_retries=0, timeout=900)
@@ -235,12 +203,8 @@ def main() -> None:
             print(json.dumps(asdict(report), indent=1), flush=True)
             reports.append(asdict(report))
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if server is not None:
+            server.stop()
     result = {"model": model, "requests_per_mode": args.requests, "max_tokens": args.max_tokens,
               "temperature": 1.0, "parallel_tool_calls": "default (true)", "streamed_share": 0.5,
               "modes": reports}
