@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, NamedTuple, Optional
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -14,11 +14,12 @@ from radixserve.api.chat_prompt import render_chat_prompt, with_schema_instructi
 from radixserve.api.constraints import request_constraint
 from radixserve.api.generation import Choice, Generation, until_disconnected
 from radixserve.api.logprobs import chat_logprobs
-from radixserve.api.protocol import ChatCompletionRequest
+from radixserve.api.protocol import ChatCompletionRequest, ChatMessage
 from radixserve.api.sampling import choice_seed, resolve_max_tokens, sampling_params
 from radixserve.api.state import ServerState
 from radixserve.api.tools import (ArgumentsDelta, CallDone, CallStarted, ParserEvent, TextDelta, ToolCallParser,
-                                  plan_tools)
+                                  ToolPlan, plan_tools)
+from radixserve.grammar.spec import GrammarSpec
 
 # Engine error fields as the chat request names them.
 _RENAMES = {"prompt": "messages", "logprobs": "top_logprobs"}
@@ -30,14 +31,7 @@ async def create_chat_completion(req: ChatCompletionRequest, http: Request, stat
     rid = "chatcmpl-" + uuid.uuid4().hex
     http.state.request_id = rid
 
-    plan = plan_tools(req)
-    tool_field = "tool_choice" if req.tool_choice is not None else "tools"
-    tool_constraint = (tool_field, plan.build_constraint) if plan.build_constraint else None
-    constraint, constraint_field = request_constraint(req, tool_constraint)
-    messages = req.messages
-    schema = _response_schema(req)
-    if schema is not None and state.schema_in_prompt:
-        messages = with_schema_instruction(messages, schema)
+    plan, constraint, constraint_field, messages = chat_inputs(req, state)
     prompt = render_chat_prompt(engine.tokenizer, messages, plan.template_tools, req.chat_template_kwargs)
     prompt_ids = engine.tokenizer.encode(prompt)
     max_tokens = resolve_max_tokens(engine, req.requested_max_tokens, len(prompt_ids), None, "messages")
@@ -50,6 +44,28 @@ async def create_chat_completion(req: ChatCompletionRequest, http: Request, stat
     parsers = {c.index: plan.new_parser() for c in gen.choices}
     reply = _ChatReply(req, state, gen, model, rid, parsers)
     return await gen.respond(http, reply, req.stream, constraint is not None)
+
+
+class ChatInputs(NamedTuple):
+    plan: ToolPlan
+    constraint: Optional[GrammarSpec]
+    constraint_field: Optional[str]     # the request field that set the constraint, for its errors
+    messages: list[ChatMessage]         # to render
+
+
+def chat_inputs(req: ChatCompletionRequest, state: ServerState) -> ChatInputs:
+    """What a chat-shaped request (chat completions, or a translated Responses turn) asks of the
+    engine besides sampling: its tool plan, its constraint and the field that set it, and the
+    messages to render (with the response schema stated in them unless --no-schema-in-prompt)."""
+    plan = plan_tools(req)
+    tool_field = "tool_choice" if req.tool_choice is not None else "tools"
+    tool_constraint = (tool_field, plan.build_constraint) if plan.build_constraint else None
+    constraint, constraint_field = request_constraint(req, tool_constraint)
+    messages = req.messages
+    schema = _response_schema(req)
+    if schema is not None and state.schema_in_prompt:
+        messages = with_schema_instruction(messages, schema)
+    return ChatInputs(plan, constraint, constraint_field, messages)
 
 
 def _response_schema(req: ChatCompletionRequest) -> Any:

@@ -18,18 +18,17 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixserve.api.chat_prompt import with_schema_instruction
-from radixserve.api.constraints import request_constraint
+from radixserve.api.chat import chat_inputs
 from radixserve.api.errors import APIError
 from radixserve.api.generation import Generation, until_disconnected
 from radixserve.api.response_store import StoredResponse
 from radixserve.api.responses_output import Event, OutputBuilder, new_id
-from radixserve.api.responses_protocol import ResponsesRequest, TextFormatJsonSchema
+from radixserve.api.responses_protocol import ResponsesRequest
 from radixserve.api.responses_turn import RENAMES, Turn, build_turn, output_messages, prompt_ids, renamed
 from radixserve.api.sampling import resolve_max_tokens, sampling_params
 from radixserve.api.state import ServerState
 from radixserve.api.streaming import PING_SECONDS
-from radixserve.api.tools import ParserEvent, TextDelta, ToolCallParser, plan_tools
+from radixserve.api.tools import ParserEvent, TextDelta, ToolCallParser
 from radixserve.runtime.request import RequestOutput
 
 # incomplete_details.reason by engine finish reason; "interrupted" is this server's own: the
@@ -44,14 +43,7 @@ async def create_response(req: ResponsesRequest, http: Request, state: ServerSta
     http.state.request_id = rid
     try:
         turn = build_turn(req, state.responses)
-        plan = plan_tools(turn.chat)
-        tool_field = "tool_choice" if req.tool_choice is not None else "tools"
-        tool_constraint = (tool_field, plan.build_constraint) if plan.build_constraint else None
-        constraint, constraint_field = request_constraint(turn.chat, tool_constraint)
-        messages = turn.chat.messages
-        fmt = req.text.format if req.text is not None else None
-        if isinstance(fmt, TextFormatJsonSchema) and state.schema_in_prompt:  # as chat states response_format's
-            messages = with_schema_instruction(messages, fmt.schema_)
+        plan, constraint, constraint_field, messages = chat_inputs(turn.chat, state)
         prompt_text, ids = prompt_ids(engine.tokenizer, messages, plan.template_tools, turn.previous)
         max_tokens = resolve_max_tokens(engine, req.max_output_tokens, len(ids), None, "input")
     except APIError as e:
