@@ -47,6 +47,11 @@ ContentPart = Annotated[Union[Annotated[InputText, Tag("input-text")], Annotated
                         _by_type({"input_text": "input-text", "output_text": "output-text"}, "input-text")]
 
 
+def _joined(content: Union[list[Any], str]) -> str:
+    """A string, or text parts joined by newlines."""
+    return content if isinstance(content, str) else "\n".join(part.text for part in content)
+
+
 class MessageItem(_Strict):
     """A message; `type` may be left out (OpenAI's "easy input message")."""
     type: Literal["message"] = "message"
@@ -57,9 +62,7 @@ class MessageItem(_Strict):
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(part.text for part in self.content)
+        return _joined(self.content)
 
 
 class FunctionCallItem(_Strict):
@@ -81,9 +84,7 @@ class FunctionCallOutputItem(_Strict):
 
     @property
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "\n".join(part.text for part in self.output)
+        return _joined(self.output)
 
 
 # A message may leave out its type, so an item without one is a message.
