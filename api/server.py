@@ -106,7 +106,7 @@ def build_app(engine: Optional[Engine] = None, served_model_name: Optional[str] 
         rid = "health-" + uuid.uuid4().hex
         t0 = time.monotonic()
         try:
-            stream = engine.submit(HEALTH_PROMPT, SamplingParams(max_tokens=1, temperature=0.0), request_id=rid)
+            stream = await engine.start(HEALTH_PROMPT, SamplingParams(max_tokens=1, temperature=0.0), request_id=rid)
         except EngineStoppedError:
             return state.lifecycle.health_problem().response()
         try:

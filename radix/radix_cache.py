@@ -16,6 +16,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
+from radixserve.radix.prefix_hash import ROOT_HASH, page_hashes
+
 
 @dataclass(eq=False)
 class TreeNode:
@@ -25,6 +27,9 @@ class TreeNode:
     children: dict = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    # chained hashes of the path's prefixes ending at each of this edge's pages, computed on first
+    # summary; a split keeps them valid (a prefix's hash does not depend on where edges are cut)
+    hashes: Optional[list[int]] = None
 
     def __lt__(self, other: "TreeNode") -> bool:
         return self.last_access < other.last_access
@@ -124,6 +129,33 @@ class RadixCache:
                 break
         return i, node
 
+    def page_hash_summary(self, limit: int) -> tuple[list[int], bool]:
+        """Hashes (`prefix_hash.page_hashes`) of the cached page-aligned prefixes, most recently
+        used first, at most `limit` of them, and whether any were left out. Whole edges are taken
+        in LRU order, and a node is never used more recently than its parent, so what is kept is
+        (up to ties) closed under taking prefixes: a router matching a prompt page by page stops at
+        the same place it would on the full set, or earlier. The cost is one hash per page the first
+        time an edge is summarised, then a walk over the nodes."""
+        walk, stack = [], [(c, 1) for c in self.root.children.values()]
+        while stack:
+            node, depth = stack.pop()
+            walk.append((-node.last_access, depth, id(node), node))
+            stack.extend((c, depth + 1) for c in node.children.values())
+        walk.sort()
+        out: list[int] = []
+        for *_, node in walk:
+            if len(out) + len(node.pages) > limit:
+                return out, True
+            out.extend(self._hashes(node))
+        return out, False
+
+    def _hashes(self, node: TreeNode) -> list[int]:
+        if node.hashes is None:
+            parent = node.parent
+            start = ROOT_HASH if parent is self.root else self._hashes(parent)[-1]
+            node.hashes = page_hashes(node.key, self.page_size, start)
+        return node.hashes
+
     # ---- updates -------------------------------------------------------
     def insert(self, tokens: list[int], pages: list[int]) -> InsertResult:
         """Cache the whole pages of `tokens`, one id in `pages` per page; the tree takes the new ones.
@@ -162,9 +194,11 @@ class RadixCache:
         k = n // self.page_size
         parent = child.parent
         upper = TreeNode(key=child.key[:n], pages=child.pages[:k], parent=parent,
-                         lock_ref=child.lock_ref, last_access=child.last_access)
+                         lock_ref=child.lock_ref, last_access=child.last_access,
+                         hashes=None if child.hashes is None else child.hashes[:k])
         parent.children[self._child_key(upper.key)] = upper
         child.key, child.pages, child.parent = child.key[n:], child.pages[k:], upper
+        child.hashes = None if child.hashes is None else child.hashes[k:]
         upper.children[self._child_key(child.key)] = child
         return upper
 

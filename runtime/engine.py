@@ -100,8 +100,24 @@ class _CheckPages:
 
 
 @dataclass
+class _Summarize:
+    done: threading.Event
+    limit: int
+    result: list  # the PrefixSummary
+
+
+@dataclass
 class _Stop:
     pass
+
+
+@dataclass(frozen=True)
+class PrefixSummary:
+    """What the radix tree holds, for a router: `radix.prefix_hash` hashes of its page-aligned
+    prefixes, most recently used first, and whether the limit left some out."""
+    page_size: int
+    hashes: list[int]
+    truncated: bool
 
 
 @dataclass
@@ -255,6 +271,25 @@ class Engine:
             kv_pages_used=kv.pages_used, kv_pages_cached=kv.pages_cached, kv_pages_free=kv.pages_free,
             last_step_seconds=self.last_step_seconds, last_batch_size=self.last_batch_size)
 
+    async def start(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                    request_id: Optional[str] = None) -> OutputStream:
+        """`submit` for asyncio callers (the API): an engine client on another process awaits the
+        replica's acceptance here; this one accepts or refuses at once."""
+        return self.submit(prompt, params, request_id)
+
+    def prefix_summary(self, limit: int) -> PrefixSummary:
+        """The radix tree's page hashes (at most `limit`), read by the loop thread between steps;
+        blocks until then."""
+        self._ensure_running()
+        done = threading.Event()
+        result: list = []
+        self._inbox.put(_Summarize(done, limit, result))
+        while not done.wait(0.5):  # the loop may stop before it gets to the message
+            self._ensure_running()
+        if not result:
+            raise EngineStoppedError("engine is shut down")
+        return result[0]
+
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
 
@@ -372,7 +407,7 @@ class Engine:
                 message = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(message, _Flush):
+            if isinstance(message, (_Flush, _Summarize)):
                 message.done.set()
             elif isinstance(message, _CheckPages):
                 message.result.append(RuntimeError(f"engine requests ended ({reason})"))
@@ -440,6 +475,10 @@ class Engine:
                     self.kv.check_invariant(self.scheduler.running)
                 except AssertionError as e:
                     message.result.append(e)
+                message.done.set()
+            elif isinstance(message, _Summarize):
+                hashes, truncated = self.kv.tree.page_hash_summary(message.limit)
+                message.result.append(PrefixSummary(self.pool.page_size, hashes, truncated))
                 message.done.set()
             elif isinstance(message, _Stop):
                 return

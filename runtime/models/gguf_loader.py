@@ -96,7 +96,7 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
         attention_bias=bias, qk_norm=qk_norm, eos_token_ids=[eos] if eos is not None else [])
 
 
-def load_gguf(path: Path, name: str) -> ModelFiles:
+def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
     try:
         fields, tensors = read_gguf(path)
     except Exception as e:
@@ -109,7 +109,7 @@ def load_gguf(path: Path, name: str) -> ModelFiles:
     weights: dict[str, torch.Tensor] = {}
     int4: dict[str, Int4Weight] = {}
     try:
-        for gname, t in tensors.items():
+        for gname, t in (tensors.items() if with_weights else ()):
             hname = hf_name(gname)
             if hname is None:
                 continue

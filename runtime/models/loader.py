@@ -52,21 +52,23 @@ def default_model_path() -> Path:
     return path
 
 
-def load_model_files(model: Optional[str]) -> ModelFiles:
+def load_model_files(model: Optional[str], weights: bool = True) -> ModelFiles:
+    """The model's config, tokenizer and (unless `weights` is false: a front end that only
+    tokenizes) its weights."""
     path = default_model_path() if model is None else Path(model).expanduser()
     name = DEFAULT_MODEL_NAME if model is None else path.name
     if not path.exists():
         raise ModelLoadError(f"model path does not exist: {path}")
     try:
         if path.is_dir():
-            return _load_hf_dir(path, name)
+            return _load_hf_dir(path, name, weights)
         from radixserve.runtime.models.gguf_loader import load_gguf
-        return load_gguf(path, name)
+        return load_gguf(path, name, weights)
     except (UnsupportedModelError, TokenizerError) as e:
         raise ModelLoadError(str(e)) from None
 
 
-def _load_hf_dir(path: Path, name: str) -> ModelFiles:
+def _load_hf_dir(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
     from safetensors.torch import load_file
 
     cfg_path = path / "config.json"
@@ -79,8 +81,8 @@ def _load_hf_dir(path: Path, name: str) -> ModelFiles:
         eos = json.loads(gen.read_text()).get("eos_token_id")
         if eos is not None:
             config.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
+    files = sorted(path.glob("*.safetensors")) if with_weights else []
+    if with_weights and not files:
         raise ModelLoadError(f"{path} has no *.safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for f in files:

@@ -1,0 +1,130 @@
+"""The Ray Serve application behind `radixserve serve --replicas N`, and for `serve deploy`
+(import path `radixserve.api.ray_app:app_builder`, arguments as in bench/ray_serve_config.yaml).
+
+Two deployments: `Ingress` serves the same FastAPI app as `radixserve serve` (api/server.py) with
+a RemoteEngine in place of the engine; `EngineReplica` runs one Engine per replica, routed by
+RadixPrefixRouter on what each replica's radix tree holds."""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Optional
+
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from radixserve.api.cluster_view import REPORT_PERIOD_S, ClusterCollector
+from radixserve.api.lifecycle import DEFAULT_WATCHDOG_TIMEOUT
+from radixserve.api.ray_replica import DEFAULT_SUMMARY_PAGES, EngineReplica
+from radixserve.api.remote_engine import RemoteEngine
+from radixserve.api.response_store import DEFAULT_RESPONSE_STORE_SIZE
+from radixserve.runtime.config import EngineConfig
+
+log = logging.getLogger("radixserve.ingress")
+
+APP_NAME = "radixserve"
+ENGINE_DEPLOYMENT = "EngineReplica"
+
+
+@dataclass
+class IngressSettings:
+    """The `serve` flags the ingress's API needs."""
+    served_model_name: Optional[str] = None
+    api_key: Optional[str] = None
+    watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT
+    response_store_size: int = DEFAULT_RESPONSE_STORE_SIZE
+    schema_in_prompt: bool = True
+
+
+@dataclass
+class ClusterSettings:
+    replicas: int = 1
+    num_cpus: float = 1.0                  # per engine replica (Ray's logical CPUs)
+    num_gpus: float = 0.0                  # per engine replica: 1 on GPUs
+    summary_pages: int = DEFAULT_SUMMARY_PAGES
+    # RadixPrefixRouter.initialize_state; "router": "pow2" routes with Ray Serve's default instead
+    router: str = "radix"
+    router_kwargs: dict = field(default_factory=dict)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    ingress: IngressSettings = field(default_factory=IngressSettings)
+
+    def validate(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
+        self.engine.validate()
+
+
+# Ray Serve's own power-of-two router, for comparison (bench/ray_router.py)
+# (import paths: Ray Serve imports the class in the ingress's process)
+ROUTERS = {"radix": "radixserve.api.ray_router:RadixPrefixRouter",
+           "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"}
+
+# Requests a replica may hold: its engine batches and queues them itself (Ray Serve's default, 5,
+# would queue the rest in the router, where the engine's prefix-aware scheduler cannot see them).
+MAX_ONGOING_PER_REPLICA = 1024
+
+
+@serve.ingress()
+class Ingress:
+    def __init__(self, engine_handle, settings: IngressSettings, model: Optional[str]):
+        self._handle = engine_handle
+        self._settings = settings
+        self._model = model
+
+    async def __serve_build_asgi_app__(self):
+        from radixserve.api.server import attach_engine, build_app
+        from radixserve.runtime.models.loader import load_model_files
+
+        s = self._settings
+        info = await self._handle.info.remote()  # waits for a replica: the model is loaded
+        engine = RemoteEngine(self._handle, load_model_files(self._model, weights=False), info)
+        app = build_app(None, served_model_name=s.served_model_name, api_key=s.api_key,
+                        watchdog_timeout=s.watchdog_timeout, response_store_size=s.response_store_size,
+                        schema_in_prompt=s.schema_in_prompt)
+        app.state.server.metrics.registry.register(ClusterCollector())
+        attach_engine(app, engine)
+        log.info("ingress ready: %s, replicas of %s tokens KV each", info.model_name, info.kv_capacity_tokens)
+        return app
+
+
+def build_application(settings: ClusterSettings):
+    settings.validate()
+    router = ROUTERS[settings.router]
+    router_config = RequestRouterConfig(
+        request_router_class=router, request_router_kwargs=settings.router_kwargs if settings.router == "radix" else {},
+        request_routing_stats_period_s=REPORT_PERIOD_S, request_routing_stats_timeout_s=10 * REPORT_PERIOD_S)
+    engine = serve.deployment(EngineReplica, name=ENGINE_DEPLOYMENT).options(
+        num_replicas=settings.replicas, max_ongoing_requests=MAX_ONGOING_PER_REPLICA,
+        ray_actor_options={"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus},
+        request_router_config=router_config, health_check_period_s=5, health_check_timeout_s=30)
+    ingress = serve.deployment(Ingress, name="Ingress").options(
+        num_replicas=1, max_ongoing_requests=MAX_ONGOING_PER_REPLICA * settings.replicas,
+        ray_actor_options={"num_cpus": 0})
+    # one OpenMP team per replica, as wide as its CPU share (Ray's workers default to 1 thread)
+    threads = max(1, int(settings.num_cpus))
+    return ingress.bind(engine.bind(settings.engine, settings.summary_pages, threads), settings.ingress,
+                        settings.engine.model)
+
+
+def app_builder(args: dict[str, Any]):
+    """`serve deploy` / KubeRay entry point: `args` are ClusterSettings fields, with `engine` the
+    EngineConfig fields and `ingress` the IngressSettings fields."""
+    args = dict(args)
+    engine = EngineConfig(**_known(EngineConfig, args.pop("engine", {})))
+    ingress = IngressSettings(**_known(IngressSettings, args.pop("ingress", {})))
+    return build_application(ClusterSettings(engine=engine, ingress=ingress, **_known(ClusterSettings, args)))
+
+
+def _known(cls, values: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} settings: {', '.join(sorted(unknown))}")
+    return dict(values)
+
+
+def settings_dict(settings: ClusterSettings) -> dict[str, Any]:
+    """ClusterSettings as `app_builder` arguments (what a Serve config file holds)."""
+    return asdict(settings)

@@ -1,0 +1,139 @@
+"""The ingress's engine: what the API handlers call an engine (tokenizer, model limits, `start`,
+`abort`, `health`, `stats`), backed by the engine replicas behind a Ray Serve deployment handle.
+
+`start` sends an EngineCall through the handle as a stream and waits for the replica's first
+reply, so that a refusal is raised here exactly as a local engine raises it (a 400 or a 503 before
+any byte of the response). Aborting cancels the stream: Ray Serve cancels the replica's generator,
+which aborts its engine request. A replica that dies mid-stream ends the stream with an error
+output, which the API turns into an error chunk."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import AsyncIterator, Optional, Sequence, Union
+
+from ray.exceptions import RayError
+from ray.serve.exceptions import RequestCancelledError
+
+from radixserve.api.replica_protocol import Accepted, EngineCall, Refused, ReplicaInfo
+from radixserve.api.cluster_view import CLUSTER
+from radixserve.grammar.spec import GrammarError
+from radixserve.radix.prefix_hash import page_hashes
+from radixserve.runtime.engine import EngineHealth, EngineOverloadedError, EngineStats, EngineStoppedError
+from radixserve.runtime.models.loader import ModelFiles
+from radixserve.runtime.request import RequestOutput
+from radixserve.runtime.sampling_params import SamplingParams
+
+log = logging.getLogger("radixserve.ingress")
+
+_REFUSALS = {"invalid": ValueError, "grammar": GrammarError, "overloaded": EngineOverloadedError,
+             "stopped": EngineStoppedError}
+
+
+class RemoteStream:
+    """One engine request's outputs as they arrive from its replica."""
+
+    def __init__(self, request_id: str, replica: str, responses):
+        self.request_id = request_id
+        self.replica = replica
+        self._responses = responses
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._aiter()
+
+    async def _aiter(self) -> AsyncIterator[RequestOutput]:
+        try:
+            async for out in self._responses:
+                yield out
+                if out.finished:
+                    return
+        except (RequestCancelledError, asyncio.CancelledError):
+            raise asyncio.CancelledError() from None
+        except RayError as e:
+            log.error("request %s: engine replica %s failed: %s", self.request_id, self.replica, e)
+            yield RequestOutput(self.request_id, finish_reason="error", error_kind="internal",
+                                error=f"internal error: the engine replica failed ({type(e).__name__})")
+            return
+        # the replica's generator ended without a final output: it was shut down
+        yield RequestOutput(self.request_id, finish_reason="error", error_kind="internal",
+                            error="internal error: the engine replica stopped")
+
+
+class RemoteEngine:
+    def __init__(self, handle, files: ModelFiles, info: ReplicaInfo):
+        self._handle = handle.options(stream=True)
+        self.model_name = info.model_name
+        self.tokenizer = files.tokenizer
+        self.model_config = files.config
+        self.page_size = info.page_size
+        self.kv_capacity_tokens = info.kv_capacity_tokens
+        self.device = info.device
+        self.dtype = info.dtype
+        self._live: dict[str, object] = {}  # request id -> its response generator, while it runs
+        self._started = time.monotonic()
+
+    async def start(self, prompt: Union[str, Sequence[int]], params: Optional[SamplingParams] = None,
+                    request_id: Optional[str] = None) -> RemoteStream:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        params = params or SamplingParams()
+        rid = request_id or f"req-{time.monotonic_ns()}"
+        call = EngineCall(rid, ids, params, page_hashes(ids, self.page_size),
+                          prompt=prompt if isinstance(prompt, str) else "")
+        responses = self._handle.generate.remote(call)
+        self._live[rid] = responses
+        try:
+            first = await responses.__anext__()
+        except RayError as e:
+            self._live.pop(rid, None)
+            raise EngineStoppedError(f"the engine replica failed before accepting the request "
+                                     f"({type(e).__name__})") from None
+        except BaseException:
+            self._live.pop(rid, None)
+            responses.cancel()
+            raise
+        if isinstance(first, Refused):
+            self._live.pop(rid, None)
+            raise _REFUSALS.get(first.kind, ValueError)(first.message)
+        assert isinstance(first, Accepted), first
+        return RemoteStream(rid, first.replica, _forget_when_done(self._live, rid, responses))
+
+    def abort(self, request_id: str) -> None:
+        responses = self._live.pop(request_id, None)
+        if responses is not None:
+            responses.cancel()
+
+    def abort_all(self) -> None:
+        for rid in list(self._live):
+            self.abort(rid)
+
+    def health(self) -> EngineHealth:
+        """Alive while some replica reported itself alive within the last few report periods."""
+        reports = CLUSTER.reports()
+        fresh = [r for r in reports if r.alive and time.time() - r.taken_at < CLUSTER.stale_after]
+        if fresh or time.monotonic() - self._started < CLUSTER.stale_after:
+            return EngineHealth(True, 0.0, 0, None)
+        return EngineHealth(False, 0.0, 0, "no engine replica has reported itself alive recently")
+
+    def stats(self) -> EngineStats:
+        """Sums over the replicas' latest reports."""
+        reports = CLUSTER.reports()
+        capacity = sum(r.kv_capacity_tokens for r in reports) or 1
+        return EngineStats(
+            num_running=sum(r.num_running for r in reports), num_waiting=sum(r.num_waiting for r in reports),
+            kv_cache_usage=sum(r.kv_usage * r.kv_capacity_tokens for r in reports) / capacity,
+            prefix_cache_queried_tokens=sum(r.prefix_queried_tokens for r in reports),
+            prefix_cache_hit_tokens=sum(r.prefix_hit_tokens for r in reports),
+            prompt_tokens=sum(r.prompt_tokens for r in reports),
+            generation_tokens=sum(r.generation_tokens for r in reports), preemptions=0)
+
+    def shutdown(self) -> None:
+        self.abort_all()
+
+
+async def _forget_when_done(live: dict, rid: str, responses) -> AsyncIterator:
+    try:
+        async for item in responses:
+            yield item
+    finally:
+        live.pop(rid, None)
