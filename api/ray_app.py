@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from ray import serve
+from ray.exceptions import TaskCancelledError
 from ray.serve.config import RequestRouterConfig
 
 from radixserve.api.cluster_view import REPORT_PERIOD_S, ClusterCollector
@@ -42,8 +43,8 @@ class ClusterSettings:
     num_cpus: float = 1.0                  # per engine replica (Ray's logical CPUs)
     num_gpus: float = 0.0                  # per engine replica: 1 on GPUs
     summary_pages: int = DEFAULT_SUMMARY_PAGES
-    # RadixPrefixRouter.initialize_state; "router": "pow2" routes with Ray Serve's default instead
-    router: str = "radix"
+    router: str = "radix"                  # a key of ROUTERS
+    # RadixPrefixRouter.initialize_state
     router_kwargs: dict = field(default_factory=dict)
     engine: EngineConfig = field(default_factory=EngineConfig)
     ingress: IngressSettings = field(default_factory=IngressSettings)
@@ -57,9 +58,13 @@ class ClusterSettings:
 
 
 # Ray Serve's own power-of-two router, for comparison (bench/ray_router.py)
-# (import paths: Ray Serve imports the class in the ingress's process)
+# Import paths (Ray Serve imports the class in the ingress's process). "pow2" is Ray Serve's default
+# and "text" Ray Serve LLM's PrefixCacheAffinityRouter (a tree of the prompt text routed to each
+# replica; it needs pyarrow): both only to compare with (bench/ray_router.py).
 ROUTERS = {"radix": "radixserve.api.ray_router:RadixPrefixRouter",
-           "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"}
+           "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+           "text": "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router:"
+                   "PrefixCacheAffinityRouter"}
 
 # Requests a replica may hold: its engine batches and queues them itself (Ray Serve's default, 5,
 # would queue the rest in the router, where the engine's prefix-aware scheduler cannot see them).
@@ -68,10 +73,11 @@ MAX_ONGOING_PER_REPLICA = 1024
 
 @serve.ingress()
 class Ingress:
-    def __init__(self, engine_handle, settings: IngressSettings, model: Optional[str]):
+    def __init__(self, engine_handle, settings: IngressSettings, model: Optional[str], router: str):
         self._handle = engine_handle
         self._settings = settings
         self._model = model
+        self._send_text = router == "text"  # that router matches prompt text, not token pages
 
     async def __serve_build_asgi_app__(self):
         from radixserve.api.server import attach_engine, build_app
@@ -79,14 +85,33 @@ class Ingress:
 
         s = self._settings
         info = await self._handle.info.remote()  # waits for a replica: the model is loaded
-        engine = RemoteEngine(self._handle, load_model_files(self._model, weights=False), info)
+        engine = RemoteEngine(self._handle, load_model_files(self._model, weights=False), info, self._send_text)
         app = build_app(None, served_model_name=s.served_model_name, api_key=s.api_key,
                         watchdog_timeout=s.watchdog_timeout, response_store_size=s.response_store_size,
                         schema_in_prompt=s.schema_in_prompt)
         app.state.server.metrics.registry.register(ClusterCollector())
+        app.add_middleware(DisconnectOnCancel)
         attach_engine(app, engine)
         log.info("ingress ready: %s, replicas of %s tokens KV each", info.model_name, info.kv_capacity_tokens)
         return app
+
+
+class DisconnectOnCancel:
+    """ASGI middleware: when the HTTP client goes away, Ray Serve cancels the request, and the
+    ingress's next `receive()` raises instead of returning `http.disconnect`. Handlers (and
+    sse-starlette) already treat a disconnect as the end; this turns the one into the other."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        async def receive_or_disconnect():
+            try:
+                return await receive()
+            except TaskCancelledError:
+                return {"type": "http.disconnect"}
+
+        await self.app(scope, receive_or_disconnect, send)
 
 
 def build_application(settings: ClusterSettings):
@@ -105,7 +130,7 @@ def build_application(settings: ClusterSettings):
     # one OpenMP team per replica, as wide as its CPU share (Ray's workers default to 1 thread)
     threads = max(1, int(settings.num_cpus))
     return ingress.bind(engine.bind(settings.engine, settings.summary_pages, threads), settings.ingress,
-                        settings.engine.model)
+                        settings.engine.model, settings.router)
 
 
 def app_builder(args: dict[str, Any]):

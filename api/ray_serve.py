@@ -39,7 +39,8 @@ def cmd_serve_replicas(args: argparse.Namespace, make_config: Callable[[argparse
     t0 = time.monotonic()
     local = args.ray_address is None
     if local:
-        ray.init(num_cpus=max(os.cpu_count() or 1, int(settings.num_cpus * settings.replicas)),
+        # one logical CPU beyond the replicas' for helper actors (e.g. the text router's tree)
+        ray.init(num_cpus=max(os.cpu_count() or 1, int(settings.num_cpus * settings.replicas)) + 1,
                  include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                  logging_level=logging.WARNING)
     else:

@@ -61,7 +61,7 @@ class RemoteStream:
 
 
 class RemoteEngine:
-    def __init__(self, handle, files: ModelFiles, info: ReplicaInfo):
+    def __init__(self, handle, files: ModelFiles, info: ReplicaInfo, send_text: bool = False):
         self._handle = handle.options(stream=True)
         self.model_name = info.model_name
         self.tokenizer = files.tokenizer
@@ -70,6 +70,7 @@ class RemoteEngine:
         self.kv_capacity_tokens = info.kv_capacity_tokens
         self.device = info.device
         self.dtype = info.dtype
+        self._send_text = send_text  # for a router that matches prompt text (bench/ray_router.py)
         self._live: dict[str, object] = {}  # request id -> its response generator, while it runs
         self._started = time.monotonic()
 
@@ -78,8 +79,9 @@ class RemoteEngine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         params = params or SamplingParams()
         rid = request_id or f"req-{time.monotonic_ns()}"
-        call = EngineCall(rid, ids, params, page_hashes(ids, self.page_size),
-                          prompt=prompt if isinstance(prompt, str) else "")
+        text = (prompt if isinstance(prompt, str) else self.tokenizer.decode(ids, skip_special_tokens=False)
+                ) if self._send_text else ""
+        call = EngineCall(rid, ids, params, page_hashes(ids, self.page_size), prompt=text)
         responses = self._handle.generate.remote(call)
         self._live[rid] = responses
         try:

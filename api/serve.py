@@ -52,8 +52,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--cpus-per-replica", type=float, default=None,
                    help="Ray CPUs per replica (default: 1 on GPUs, else the machine's cores shared out)")
     r.add_argument("--gpus-per-replica", type=float, default=None, help="default: 1 on CUDA, else 0")
-    r.add_argument("--router", default="radix", choices=["radix", "pow2"],
-                   help="radix: by each replica's reported prefix cache; pow2: Ray Serve's default (to compare)")
+    r.add_argument("--router", default="radix", choices=["radix", "pow2", "text"],
+                   help="radix: by each replica's reported prefix cache; to compare: pow2 (Ray Serve's default) "
+                        "or text (Ray Serve LLM's PrefixCacheAffinityRouter, needs pyarrow)")
 
 
 class DrainingServer(uvicorn.Server):

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.radix import KVPagePool, RadixCache, TreeNode
+from radixserve.radix.prefix_hash import page_hashes
 
 
 def make(page_size=1, pages=64):
@@ -231,6 +232,18 @@ def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size
             pages.append(reference[tuple(tokens[:end])])
         return pages
 
+    def check_summary(limit: int) -> None:
+        """The page hashes a replica reports name exactly the cached prefixes; cut short, they are
+        still closed under taking prefixes (a router matching page by page never skips a gap)."""
+        hashes, truncated = tree.page_hash_summary(limit)
+        named = {page_hashes(list(k), p)[-1]: k for k in reference}
+        if not truncated:
+            assert sorted(hashes) == sorted(named)
+        assert len(hashes) <= limit and set(hashes) <= set(named)
+        for h in hashes:
+            key = named[h]
+            assert all(page_hashes(list(key[:end]), p)[-1] in set(hashes) for end in range(p, len(key), p))
+
     for op, tokens, n in ops:
         aligned = tokens[: len(tokens) - len(tokens) % p]
         if op == "insert":
@@ -239,6 +252,7 @@ def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size
                 insert(aligned, pages)
         elif op == "match":
             assert tree.match_prefix(tokens)[0] == longest_cached(tokens)
+            check_summary(limit=n)
         elif op == "start":
             matched, node = tree.match_prefix(aligned)
             assert matched == longest_cached(aligned)
@@ -259,6 +273,7 @@ def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size
             evict(n)
 
         assert cached(tree) == reference
+        check_summary(limit=10**6)
         assert tree.total_size == len(reference) * p
         assert tree.evictable_size + tree.protected_size == tree.total_size
         for req in running:              # locked paths survive every eviction
