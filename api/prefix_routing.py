@@ -4,10 +4,15 @@ router (api/ray_router.py) feeds it the replicas' reports and queue lengths, and
 fake ones.
 
 What it knows of a replica is its last `ReplicaReport` (stale by at most one routing-stats period)
-plus the prefixes routed to it since ("pending"): a burst of requests on a new system prompt then
-goes to one replica, not to all of them, before any report shows the prompt cached. A pending
-prefix is forgotten after `pending_ttl` seconds: by then the replica's report says whether it holds
-it (or has already evicted it)."""
+plus the prefixes routed to it in the last `pending_ttl` seconds ("pending"). In that order:
+1. the replica whose reported tree holds the longest prefix (reason "cached");
+2. else the one the prefix was routed to last (reason "pending"): a burst of requests on a new
+   system prompt goes to one replica, not to all of them, before any report shows it cached; and
+   a prefix that replica has since evicted goes back there too, so that each prompt's requests
+   stay on one replica and the next ones hit what this one re-prefills;
+3. else (no replica holds or was sent enough of it) the one with the fewest prefix pages held or
+   pending, where it displaces the least (reason "cold"; ties: the least loaded).
+A replica whose queue exceeds the shortest by more than `imbalance` is passed over ("balance")."""
 from __future__ import annotations
 
 import time
@@ -18,7 +23,7 @@ from radixserve.api.replica_protocol import ReplicaReport
 
 # RouteDecision.reason
 CACHED = "cached"      # the longest prefix is in the replica's reported tree
-PENDING = "pending"    # the longest prefix was routed there recently, not yet reported
+PENDING = "pending"    # no tree reports it; it was routed there recently
 COLD = "cold"          # no replica holds enough of it: least loaded
 BALANCE = "balance"    # a replica with a longer prefix was skipped: its queue is too long
 FULL = "full"          # the ranking's first replica was at its concurrency limit: a later one took it
@@ -45,7 +50,7 @@ class PrefixRoutingPolicy:
     chat template's opening tokens, which every prompt shares) counts as cold. `max_pending`:
     pending hashes kept per replica (oldest dropped first)."""
 
-    def __init__(self, imbalance: int = 8, pending_ttl: float = 10.0, min_match_ratio: float = 0.1,
+    def __init__(self, imbalance: int = 8, pending_ttl: float = 60.0, min_match_ratio: float = 0.1,
                  max_pending: int = 65536, clock=time.monotonic):
         self.imbalance = imbalance
         self.pending_ttl = pending_ttl
@@ -97,23 +102,26 @@ class PrefixRoutingPolicy:
         lowest = loads[candidates[0]]
         eligible = [r for r in candidates if loads[r] <= lowest + self.imbalance]
         wanted = max(1, int(self.min_match_ratio * len(page_hashes) + 0.999))
-        best = max(eligible, key=lambda r: matches[r][0])  # stable: the least loaded among equals
-        matched, via_pending = matches[best]
-        if matched < wanted:
-            best, reason = candidates[0], COLD
+        # max() is stable: among equal matches, the least loaded
+        cached = max(eligible, key=lambda r: matches[r])
+        routed = max(eligible, key=lambda r: (matches[r][1], matches[r][0]))
+        if matches[cached][0] >= wanted:
+            best, reason = cached, CACHED
+        elif matches[routed][1] >= wanted:
+            best, reason = routed, PENDING
         else:
-            reason = PENDING if via_pending else CACHED
-        if any(matches[r][0] > matches[best][0] and matches[r][0] >= wanted for r in candidates):
+            best, reason = min(eligible, key=lambda r: (self._footprint(r), loads[r])), COLD
+        if any(matches[r] > matches[best] and matches[r][1] >= wanted for r in candidates):
             reason = BALANCE
         ranked = [best] + [r for r in candidates if r != best]
-        return RouteDecision(ranked, reason, matches[best][0], len(page_hashes))
+        return RouteDecision(ranked, reason, matches[best][1], len(page_hashes))
 
-    def _match(self, replica: str, page_hashes: Sequence[int]) -> tuple[int, bool]:
-        """Leading pages of the request the replica holds (reported or pending), and whether the
-        pending ones were needed to reach that length."""
+    def _match(self, replica: str, page_hashes: Sequence[int]) -> tuple[int, int]:
+        """Leading pages of the request the replica's last report says it holds, and leading pages
+        it holds or was routed since (at least as many)."""
         state = self._replicas.get(replica)
         if state is None:
-            return 0, False
+            return 0, 0
         held = state.report.hashes if state.report is not None else frozenset()
         n = 0
         while n < len(page_hashes) and page_hashes[n] in held:
@@ -121,7 +129,14 @@ class PrefixRoutingPolicy:
         m = n
         while m < len(page_hashes) and (page_hashes[m] in held or page_hashes[m] in state.pending):
             m += 1
-        return m, m > n
+        return n, m
+
+    def _footprint(self, replica: str) -> int:
+        """Distinct prefix pages the replica holds or was recently sent: where a new prefix
+        displaces the least (SGLang's cache-aware router sends it to the smallest tree)."""
+        state = self._replicas.get(replica)
+        held = state.report.hashes if state.report is not None else frozenset()
+        return len(held) + sum(1 for h in state.pending if h not in held)
 
     def _kv_usage(self, replica: str) -> float:
         report = self.report(replica)

@@ -13,7 +13,7 @@ from ray import serve
 from radixserve.api.replica_protocol import Accepted, EngineCall, Refused, ReplicaInfo, ReplicaReport
 from radixserve.grammar.spec import GrammarError
 from radixserve.runtime.config import EngineConfig
-from radixserve.runtime.engine import Engine, EngineOverloadedError, EngineStoppedError
+from radixserve.runtime.engine import Engine, EngineHealth, EngineOverloadedError, EngineStoppedError
 from radixserve.runtime.request import RequestOutput
 
 log = logging.getLogger("radixserve.replica")
@@ -76,6 +76,9 @@ class EngineReplica:
             kv_capacity_tokens=self.engine.kv_capacity_tokens, prefix_hit_tokens=s.prefix_cache_hit_tokens,
             prefix_queried_tokens=s.prefix_cache_queried_tokens, prompt_tokens=s.prompt_tokens,
             generation_tokens=s.generation_tokens).to_stats()
+
+    def health(self) -> EngineHealth:
+        return self.engine.health()
 
     def check_health(self) -> None:
         health = self.engine.health()

@@ -30,7 +30,7 @@ class RadixPrefixRouter(RequestRouter):
     """Route each EngineCall to the replica whose tree holds the longest prefix of its prompt,
     guarded by load; anything else (`info`) to the shortest queue."""
 
-    def initialize_state(self, imbalance: int = 8, pending_ttl_s: float = 10.0,
+    def initialize_state(self, imbalance: int = 8, pending_ttl_s: float = 60.0,
                          min_match_ratio: float = 0.1) -> None:
         self.policy = PrefixRoutingPolicy(imbalance, pending_ttl_s, min_match_ratio)
         self._decisions: dict[str, RouteDecision] = {}  # internal request id -> its decision
@@ -50,6 +50,9 @@ class RadixPrefixRouter(RequestRouter):
         if call is None or not by_id:
             return [sorted(candidate_replicas, key=lambda r: loads[r.replica_id.to_full_id_str()])]
         decision = self.policy.choose(call.page_hashes, loads)
+        # counted as pending now, not once sent: Ray Serve may choose for the next request before
+        # this one is sent, and a burst on a new prompt must not go cold to every replica
+        self.policy.routed(decision.ranked[0], call.page_hashes)
         self._decisions[pending_request.metadata.internal_request_id] = decision
         while len(self._decisions) > _MAX_DECISIONS:  # requests cancelled before they were sent
             del self._decisions[next(iter(self._decisions))]
@@ -60,8 +63,9 @@ class RadixPrefixRouter(RequestRouter):
         if call is None:
             return
         rid = replica_id.to_full_id_str()
-        self.policy.routed(rid, call.page_hashes)
         decision = self._decisions.pop(pending_request.metadata.internal_request_id, None)
+        if decision is None or decision.ranked[0] != rid:
+            self.policy.routed(rid, call.page_hashes)
         if decision is not None:
             # a replica further down the ranking took it: the better ones were full
             reason = decision.reason if decision.ranked[0] == rid else FULL

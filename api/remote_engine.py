@@ -27,6 +27,9 @@ from radixserve.runtime.sampling_params import SamplingParams
 
 log = logging.getLogger("radixserve.ingress")
 
+PROBE_PERIOD_S = 2.0
+PROBE_TIMEOUT_S = 30.0
+
 _REFUSALS = {"invalid": ValueError, "grammar": GrammarError, "overloaded": EngineOverloadedError,
              "stopped": EngineStoppedError}
 
@@ -62,6 +65,7 @@ class RemoteStream:
 
 class RemoteEngine:
     def __init__(self, handle, files: ModelFiles, info: ReplicaInfo, send_text: bool = False):
+        self._probe_handle = handle
         self._handle = handle.options(stream=True)
         self.model_name = info.model_name
         self.tokenizer = files.tokenizer
@@ -72,7 +76,21 @@ class RemoteEngine:
         self.dtype = info.dtype
         self._send_text = send_text  # for a router that matches prompt text (bench/ray_router.py)
         self._live: dict[str, object] = {}  # request id -> its response generator, while it runs
-        self._started = time.monotonic()
+        self._alive_at = time.monotonic()   # a replica last said its engine serves
+        self._probe = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Ask some replica (the router's choice) every period whether its engine serves."""
+        while True:
+            try:
+                health = await asyncio.wait_for(self._probe_handle.health.remote(), PROBE_TIMEOUT_S)
+                if health.alive:
+                    self._alive_at = time.monotonic()
+                else:
+                    log.warning("an engine replica reports it cannot serve: %s", health.fatal_error)
+            except (RayError, asyncio.TimeoutError) as e:
+                log.warning("no engine replica answered the health probe (%s)", type(e).__name__)
+            await asyncio.sleep(PROBE_PERIOD_S)
 
     async def start(self, prompt: Union[str, Sequence[int]], params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None) -> RemoteStream:
@@ -110,12 +128,10 @@ class RemoteEngine:
             self.abort(rid)
 
     def health(self) -> EngineHealth:
-        """Alive while some replica reported itself alive within the last few report periods."""
-        reports = CLUSTER.reports()
-        fresh = [r for r in reports if r.alive and time.time() - r.taken_at < CLUSTER.stale_after]
-        if fresh or time.monotonic() - self._started < CLUSTER.stale_after:
-            return EngineHealth(True, 0.0, 0, None)
-        return EngineHealth(False, 0.0, 0, "no engine replica has reported itself alive recently")
+        """Progress is a replica saying its engine serves; none for longer than the watchdog
+        timeout is a stall (Ray Serve itself replaces replicas whose check_health fails)."""
+        return EngineHealth(not self._probe.done(), time.monotonic() - self._alive_at, 0,
+                            None if not self._probe.done() else "the replica health probe stopped")
 
     def stats(self) -> EngineStats:
         """Sums over the replicas' latest reports."""
@@ -130,6 +146,7 @@ class RemoteEngine:
             generation_tokens=sum(r.generation_tokens for r in reports), preemptions=0)
 
     def shutdown(self) -> None:
+        self._probe.cancel()
         self.abort_all()
 
 

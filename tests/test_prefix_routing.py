@@ -55,15 +55,37 @@ def test_longest_cached_prefix_wins_over_a_shorter_one():
     assert d.ranked[0] == "r2" and d.matched_pages == 50
 
 
-def test_cold_prefix_goes_to_the_least_loaded_replica():
+def test_cold_prefix_goes_to_the_replica_holding_the_fewest_prefix_pages():
     p = policy()
     p.update("r1", report("r1", [prompt(SYSTEM_B, 1)]))
     p.update("r2", report("r2", []))
-    d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 5, "r2": 2})
+    d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 0, "r2": 3})
     assert (d.ranked, d.reason) == (["r2", "r1"], COLD)
 
 
-def test_cold_ties_on_load_go_to_the_replica_with_more_free_kv():
+def test_prefixes_just_sent_count_toward_a_replicas_footprint():
+    p = policy()
+    p.update("r1", report("r1", []))
+    p.update("r2", report("r2", [SYSTEM_B[:160]]))
+    p.routed("r1", page_hashes(SYSTEM_B, P))  # not reported yet: 50 pages on their way to r1
+    assert p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 0, "r2": 0}).ranked[0] == "r2"
+
+
+def test_cold_prefix_on_equal_footprints_goes_to_the_least_loaded_replica():
+    p = policy()
+    p.update("r1", report("r1", [SYSTEM_B]))
+    p.update("r2", report("r2", [SYSTEM_B]))
+    assert p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 4, "r2": 1}).ranked[0] == "r2"
+
+
+def test_cold_prefix_never_goes_to_an_overloaded_replica_however_small_its_tree():
+    p = policy(imbalance=4)
+    p.update("r1", report("r1", [SYSTEM_B]))
+    p.update("r2", report("r2", []))
+    assert p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 1, "r2": 9}).ranked[0] == "r1"
+
+
+def test_cold_ties_on_footprint_and_load_go_to_the_replica_with_more_free_kv():
     p = policy()
     p.update("r1", report("r1", [], kv_usage=0.9))
     p.update("r2", report("r2", [], kv_usage=0.1))
@@ -121,7 +143,7 @@ def test_evicted_prefix_stops_attracting_requests_once_reported():
     p.update("r2", report("r2", [], taken_at=1.0))
     p.update("r1", report("r1", [SYSTEM_B], taken_at=2.0))  # r1 evicted A for B
     d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 0, "r2": 1})
-    assert (d.ranked[0], d.reason) == ("r1", COLD)  # least loaded, not "cached"
+    assert (d.ranked[0], d.reason) == ("r2", COLD)  # the smaller tree; nothing attracts it to r1
 
 
 def test_an_older_report_never_replaces_a_newer_one():
@@ -162,3 +184,22 @@ def test_report_survives_the_wire_format():
 def test_stats_that_are_not_a_report_read_as_none():
     assert ReplicaReport.from_stats({}) is None
     assert ReplicaReport.from_stats({"something": 1}) is None
+
+
+def test_prefix_evicted_everywhere_goes_back_to_the_replica_it_was_routed_to():
+    p = policy()
+    p.update("r1", report("r1", [], taken_at=1.0))
+    p.update("r2", report("r2", [], taken_at=1.0))
+    p.routed("r1", page_hashes(prompt(SYSTEM_A, 0), P))
+    p.update("r1", report("r1", [SYSTEM_B], taken_at=5.0))  # served, then evicted for B
+    d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 3, "r2": 0})
+    assert (d.ranked[0], d.reason) == ("r1", PENDING)
+
+
+def test_a_replica_reporting_the_prefix_beats_one_it_was_only_routed_to():
+    p = policy()
+    p.update("r1", report("r1", []))
+    p.update("r2", report("r2", [SYSTEM_A]))
+    p.routed("r1", page_hashes(prompt(SYSTEM_A, 0), P))
+    d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 0, "r2": 2})
+    assert (d.ranked[0], d.reason) == ("r2", CACHED)
