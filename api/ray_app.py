@@ -44,7 +44,7 @@ class ClusterSettings:
     num_gpus: float = 0.0                  # per engine replica: 1 on GPUs
     summary_pages: int = DEFAULT_SUMMARY_PAGES
     router: str = "radix"                  # a key of ROUTERS
-    # RadixPrefixRouter.initialize_state
+    # the router's initialize_state arguments (RadixPrefixRouter: imbalance, pending_ttl_s, min_match_ratio)
     router_kwargs: dict = field(default_factory=dict)
     engine: EngineConfig = field(default_factory=EngineConfig)
     ingress: IngressSettings = field(default_factory=IngressSettings)
@@ -118,7 +118,7 @@ def build_application(settings: ClusterSettings):
     settings.validate()
     router = ROUTERS[settings.router]
     router_config = RequestRouterConfig(
-        request_router_class=router, request_router_kwargs=settings.router_kwargs if settings.router == "radix" else {},
+        request_router_class=router, request_router_kwargs=settings.router_kwargs,
         request_routing_stats_period_s=REPORT_PERIOD_S, request_routing_stats_timeout_s=10 * REPORT_PERIOD_S)
     engine = serve.deployment(EngineReplica, name=ENGINE_DEPLOYMENT).options(
         num_replicas=settings.replicas, max_ongoing_requests=MAX_ONGOING_PER_REPLICA,

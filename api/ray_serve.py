@@ -31,7 +31,7 @@ def cmd_serve_replicas(args: argparse.Namespace, make_config: Callable[[argparse
 
     config = make_config(args)
     settings = ClusterSettings(
-        replicas=args.replicas, engine=config, router=args.router,
+        replicas=args.replicas, engine=config, router=args.router, router_kwargs=args.router_kwargs,
         ingress=IngressSettings(args.served_model_name, args.api_key, args.watchdog_timeout,
                                 args.response_store_size, args.schema_in_prompt))
     settings.num_cpus, settings.num_gpus = _replica_resources(args, config)

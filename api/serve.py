@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -55,6 +56,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--router", default="radix", choices=["radix", "pow2", "text"],
                    help="radix: by each replica's reported prefix cache; to compare: pow2 (Ray Serve's default) "
                         "or text (Ray Serve LLM's PrefixCacheAffinityRouter, needs pyarrow)")
+    r.add_argument("--router-kwargs", type=json.loads, default={},
+                   help='the router\'s settings as JSON, e.g. \'{"imbalance": 8, "pending_ttl_s": 60}\'')
 
 
 class DrainingServer(uvicorn.Server):

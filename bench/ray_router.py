@@ -64,7 +64,7 @@ async def one(client: httpx.AsyncClient, url: str, req: dict) -> dict:
             if ttft is None and any(c["delta"].get("content") for c in chunk.get("choices", [])):
                 ttft = time.perf_counter() - t0
             usage = chunk.get("usage") or usage
-    return {"ttft": ttft, "seconds": time.perf_counter() - t0, "replica": replica,
+    return {"ttft": ttft, "seconds": time.perf_counter() - t0, "replica": replica, "system": req["system"][:40],
             "prompt_tokens": usage["prompt_tokens"], "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
 
 
@@ -89,21 +89,35 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+# Ray Serve LLM's router ships with no balance guard (imbalanced_threshold inf): with it, every
+# prompt after the first followed the first replica (56 of 64 requests on one). It is given the
+# same guard as ours, 8 requests of queue difference.
+ROUTER_KWARGS = {"text": {"imbalanced_threshold": 8}}
+
+
 def measure(router: str, kv_tokens: int, seed: int) -> dict:
     t0 = time.perf_counter()
     with LocalServer("--replicas", "2", "--router", router, "--kv-cache-tokens", str(kv_tokens),
-                     "--max-running-requests", "8") as server:
+                     "--max-running-requests", "8", "--router-kwargs", json.dumps(ROUTER_KWARGS.get(router, {})),
+                     timeout=600) as server:
         startup = time.perf_counter() - t0
         results, wall = asyncio.run(run_workload(server.url, workload(seed)))
         metrics = httpx.get(server.url + "/metrics", timeout=10).text
     prompt = sum(r["prompt_tokens"] for r in results)
     cached = sum(r["cached_tokens"] for r in results)
+    # what no router can beat: each prompt's first request misses, every other one hits all of
+    # the shared prefix (its whole pages: the most cached_tokens any request of that prompt got)
+    best = {}
+    for r in results:
+        best[r["system"]] = max(best.get(r["system"], 0), r["cached_tokens"])
+    ceiling = sum(best[r["system"]] for r in results) - sum(best.values())
     ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
     by_replica: dict[str, int] = {}
     for r in results:
         by_replica[r["replica"]] = by_replica.get(r["replica"], 0) + 1
     return {"router": router, "seed": seed, "startup_seconds": round(startup, 1), "wall_seconds": round(wall, 2),
             "requests_per_second": round(len(results) / wall, 3), "hit_ratio": round(cached / prompt, 3),
+            "hit_ratio_ceiling": round(ceiling / prompt, 3),
             "prompt_tokens": prompt, "cached_tokens": cached,
             "ttft_p50": round(percentile(ttfts, 0.5), 3), "ttft_p99": round(percentile(ttfts, 0.99), 3),
             "requests_per_replica": sorted(by_replica.values()),
@@ -129,19 +143,21 @@ def main() -> None:
     for router in routers:
         mine = [r for r in runs if r["router"] == router]
         summary[router] = {k: statistics.median(r[k] for r in mine)
-                           for k in ("hit_ratio", "requests_per_second", "ttft_p50", "ttft_p99", "startup_seconds")}
+                           for k in ("hit_ratio", "hit_ratio_ceiling", "requests_per_second", "ttft_p50", "ttft_p99",
+                                     "startup_seconds")}
         summary[router]["spread_requests_per_second"] = [min(r["requests_per_second"] for r in mine),
                                                          max(r["requests_per_second"] for r in mine)]
     base = summary.get("pow2", {}).get("requests_per_second")
-    print(f"\n{'router':8} {'hit ratio':>9} {'req/s':>7} {'vs pow2':>8} {'TTFT p50':>9} {'TTFT p99':>9}")
+    print(f"\n{'router':8} {'hit ratio':>9} {'ceiling':>8} {'req/s':>7} {'vs pow2':>8} {'TTFT p50':>9} {'TTFT p99':>9}")
     for router, s in summary.items():
         ratio = f"{s['requests_per_second'] / base:.2f}x" if base else "-"
-        print(f"{router:8} {s['hit_ratio']:9.3f} {s['requests_per_second']:7.3f} {ratio:>8} "
-              f"{s['ttft_p50']:8.2f}s {s['ttft_p99']:8.2f}s")
+        print(f"{router:8} {s['hit_ratio']:9.3f} {s['hit_ratio_ceiling']:8.3f} {s['requests_per_second']:7.3f} "
+              f"{ratio:>8} {s['ttft_p50']:8.2f}s {s['ttft_p99']:8.2f}s")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"workload": {"prompts": PROMPTS, "requests": PROMPTS * PER_PROMPT,
                                                         "concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS,
-                                                        "replicas": 2, "kv_cache_tokens": args.kv_cache_tokens},
+                                                        "replicas": 2, "kv_cache_tokens": args.kv_cache_tokens,
+                                                        "router_kwargs": ROUTER_KWARGS},
                                            "summary": summary, "runs": runs}, indent=1))
 
 
