@@ -40,6 +40,9 @@ class IngressSettings:
 @dataclass
 class ClusterSettings:
     replicas: int = 1
+    # Ray Serve's autoscaling_config for the engine replicas (min_replicas, max_replicas,
+    # target_ongoing_requests, ...); when given, `replicas` is only the initial count
+    autoscaling: Optional[dict] = None
     num_cpus: float = 1.0                  # per engine replica (Ray's logical CPUs)
     num_gpus: float = 0.0                  # per engine replica: 1 on GPUs
     summary_pages: int = DEFAULT_SUMMARY_PAGES
@@ -120,8 +123,10 @@ def build_application(settings: ClusterSettings):
     router_config = RequestRouterConfig(
         request_router_class=router, request_router_kwargs=settings.router_kwargs,
         request_routing_stats_period_s=REPORT_PERIOD_S, request_routing_stats_timeout_s=10 * REPORT_PERIOD_S)
+    scaling = ({"autoscaling_config": {"initial_replicas": settings.replicas, **settings.autoscaling}}
+               if settings.autoscaling else {"num_replicas": settings.replicas})
     engine = serve.deployment(EngineReplica, name=ENGINE_DEPLOYMENT).options(
-        num_replicas=settings.replicas, max_ongoing_requests=MAX_ONGOING_PER_REPLICA,
+        **scaling, max_ongoing_requests=MAX_ONGOING_PER_REPLICA,
         ray_actor_options={"num_cpus": settings.num_cpus, "num_gpus": settings.num_gpus},
         request_router_config=router_config, health_check_period_s=5, health_check_timeout_s=30)
     ingress = serve.deployment(Ingress, name="Ingress").options(

@@ -13,8 +13,7 @@ import logging
 import time
 from typing import AsyncIterator, Optional, Sequence, Union
 
-from ray.exceptions import RayError
-from ray.serve.exceptions import RequestCancelledError
+from ray.exceptions import RayError, TaskCancelledError
 
 from radixserve.api.replica_protocol import Accepted, EngineCall, Refused, ReplicaInfo
 from radixserve.api.cluster_view import CLUSTER
@@ -51,8 +50,9 @@ class RemoteStream:
                 yield out
                 if out.finished:
                     return
-        except (RequestCancelledError, asyncio.CancelledError):
-            raise asyncio.CancelledError() from None
+        except TaskCancelledError:  # aborted (`RemoteEngine.abort`): end like a local abort
+            yield RequestOutput(self.request_id, finish_reason="abort")
+            return
         except RayError as e:
             log.error("request %s: engine replica %s failed: %s", self.request_id, self.replica, e)
             yield RequestOutput(self.request_id, finish_reason="error", error_kind="internal",

@@ -44,6 +44,15 @@ def test_serve_config_example_builds_an_ingress_bound_to_its_engine_replicas():
         "radixserve.api.ray_router:RadixPrefixRouter"
 
 
+def test_autoscaling_settings_reach_the_engine_deployment():
+    from radixserve.api.ray_app import app_builder
+
+    app = app_builder({"replicas": 2, "autoscaling": {"min_replicas": 1, "max_replicas": 4,
+                                                        "target_ongoing_requests": 16}})
+    config = app._bound_deployment.init_args[0]._bound_deployment._deployment_config.autoscaling_config
+    assert (config.min_replicas, config.max_replicas, config.initial_replicas) == (1, 4, 2)
+
+
 def test_unknown_settings_in_a_serve_config_are_refused_by_name():
     from radixserve.api.ray_app import app_builder
 
