@@ -31,8 +31,8 @@ class RadixPrefixRouter(RequestRouter):
     guarded by load; anything else (`info`) to the shortest queue."""
 
     def initialize_state(self, imbalance: int = 8, pending_ttl_s: float = 60.0,
-                         min_match_ratio: float = 0.1) -> None:
-        self.policy = PrefixRoutingPolicy(imbalance, pending_ttl_s, min_match_ratio)
+                         min_match_ratio: float = 0.1, sticky: bool = False) -> None:
+        self.policy = PrefixRoutingPolicy(imbalance, pending_ttl_s, min_match_ratio, sticky)
         self._decisions: dict[str, RouteDecision] = {}  # internal request id -> its decision
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
@@ -52,8 +52,9 @@ class RadixPrefixRouter(RequestRouter):
         decision = self.policy.choose(call.page_hashes, loads)
         # counted as pending now, not once sent: Ray Serve may choose for the next request before
         # this one is sent, and a burst on a new prompt must not go cold to every replica
-        self.policy.routed(decision.ranked[0], call.page_hashes)
-        self._decisions[pending_request.metadata.internal_request_id] = decision
+        key = pending_request.metadata.internal_request_id
+        self.policy.routed(decision.ranked[0], key, call.page_hashes)
+        self._decisions[key] = decision
         while len(self._decisions) > _MAX_DECISIONS:  # requests cancelled before they were sent
             del self._decisions[next(iter(self._decisions))]
         return [[by_id[rid]] for rid in decision.ranked]
@@ -62,14 +63,17 @@ class RadixPrefixRouter(RequestRouter):
         call = engine_call(pending_request)
         if call is None:
             return
-        rid = replica_id.to_full_id_str()
-        decision = self._decisions.pop(pending_request.metadata.internal_request_id, None)
+        rid, key = replica_id.to_full_id_str(), pending_request.metadata.internal_request_id
+        decision = self._decisions.pop(key, None)
         if decision is None or decision.ranked[0] != rid:
-            self.policy.routed(rid, call.page_hashes)
+            self.policy.routed(rid, key, call.page_hashes)
         if decision is not None:
             # a replica further down the ranking took it: the better ones were full
             reason = decision.reason if decision.ranked[0] == rid else FULL
             cluster_view.CLUSTER.count(reason, rid)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self.policy.completed(replica_id.to_full_id_str(), internal_request_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

@@ -92,14 +92,17 @@ def percentile(values: list[float], q: float) -> float:
 # Ray Serve LLM's router ships with no balance guard (imbalanced_threshold inf): with it, every
 # prompt after the first followed the first replica (56 of 64 requests on one). It is given the
 # same guard as ours, 8 requests of queue difference.
-ROUTER_KWARGS = {"text": {"imbalanced_threshold": 8}}
+# "radix-sticky" is ours with `sticky` on: a prefix evicted everywhere goes back to the replica it
+# was last sent to, instead of to the smallest tree.
+VARIANTS = {"radix": ("radix", {}), "radix-sticky": ("radix", {"sticky": True}), "pow2": ("pow2", {}),
+            "text": ("text", {"imbalanced_threshold": 8})}
 
 
-def measure(router: str, kv_tokens: int, seed: int) -> dict:
+def measure(name: str, kv_tokens: int, seed: int) -> dict:
+    router, kwargs = VARIANTS[name]
     t0 = time.perf_counter()
     with LocalServer("--replicas", "2", "--router", router, "--kv-cache-tokens", str(kv_tokens),
-                     "--max-running-requests", "8", "--router-kwargs", json.dumps(ROUTER_KWARGS.get(router, {})),
-                     timeout=600) as server:
+                     "--max-running-requests", "8", "--router-kwargs", json.dumps(kwargs), timeout=600) as server:
         startup = time.perf_counter() - t0
         results, wall = asyncio.run(run_workload(server.url, workload(seed)))
         metrics = httpx.get(server.url + "/metrics", timeout=10).text
@@ -115,7 +118,7 @@ def measure(router: str, kv_tokens: int, seed: int) -> dict:
     by_replica: dict[str, int] = {}
     for r in results:
         by_replica[r["replica"]] = by_replica.get(r["replica"], 0) + 1
-    return {"router": router, "seed": seed, "startup_seconds": round(startup, 1), "wall_seconds": round(wall, 2),
+    return {"router": name, "seed": seed, "startup_seconds": round(startup, 1), "wall_seconds": round(wall, 2),
             "requests_per_second": round(len(results) / wall, 3), "hit_ratio": round(cached / prompt, 3),
             "hit_ratio_ceiling": round(ceiling / prompt, 3),
             "prompt_tokens": prompt, "cached_tokens": cached,
@@ -157,7 +160,7 @@ def main() -> None:
     Path(args.json).write_text(json.dumps({"workload": {"prompts": PROMPTS, "requests": PROMPTS * PER_PROMPT,
                                                         "concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS,
                                                         "replicas": 2, "kv_cache_tokens": args.kv_cache_tokens,
-                                                        "router_kwargs": ROUTER_KWARGS},
+                                                        "variants": VARIANTS},
                                            "summary": summary, "runs": runs}, indent=1))
 
 

@@ -67,7 +67,7 @@ def test_prefixes_just_sent_count_toward_a_replicas_footprint():
     p = policy()
     p.update("r1", report("r1", []))
     p.update("r2", report("r2", [SYSTEM_B[:160]]))
-    p.routed("r1", page_hashes(SYSTEM_B, P))  # not reported yet: 50 pages on their way to r1
+    p.routed("r1", "q1", page_hashes(SYSTEM_B, P))  # not reported yet: 50 pages on their way to r1
     assert p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 0, "r2": 0}).ranked[0] == "r2"
 
 
@@ -117,21 +117,60 @@ def test_burst_on_a_new_prompt_follows_the_first_request_before_any_report():
     p.update("r2", report("r2", []))
     loads = {"r1": 0, "r2": 0}
     first = p.choose(page_hashes(prompt(SYSTEM_A, 0), P), loads)
-    p.routed(first.ranked[0], page_hashes(prompt(SYSTEM_A, 0), P))
+    p.routed(first.ranked[0], "q0", page_hashes(prompt(SYSTEM_A, 0), P))
     loads[first.ranked[0]] += 1
     for user in range(1, 4):
         d = p.choose(page_hashes(prompt(SYSTEM_A, user), P), loads)
         assert (d.ranked[0], d.reason, d.matched_pages) == (first.ranked[0], PENDING, 50)
-        p.routed(d.ranked[0], page_hashes(prompt(SYSTEM_A, user), P))
+        p.routed(d.ranked[0], f"q{user}", page_hashes(prompt(SYSTEM_A, user), P))
         loads[d.ranked[0]] += 1
 
 
-def test_pending_prefix_is_forgotten_after_its_ttl():
+def test_finished_request_keeps_its_prefix_pending_until_a_later_report():
+    clock = Clock()
+    p = policy(clock=clock)
+    p.update("r1", report("r1", [], taken_at=0.0))
+    p.update("r2", report("r2", [], taken_at=0.0))
+    p.routed("r1", "q", page_hashes(prompt(SYSTEM_A, 0), P))
+    clock.now = 3.0
+    p.completed("r1", "q")
+    p.update("r1", report("r1", [], taken_at=2.0))  # taken before the request ended
+    d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 1, "r2": 0})
+    assert (d.ranked[0], d.reason) == ("r1", PENDING)
+
+
+def test_prefix_a_later_report_does_not_show_is_cold_again():
+    clock = Clock()
+    p = policy(clock=clock)
+    p.update("r1", report("r1", [], taken_at=0.0))
+    p.update("r2", report("r2", [], taken_at=0.0))
+    p.routed("r1", "q", page_hashes(prompt(SYSTEM_A, 0), P))
+    clock.now = 3.0
+    p.completed("r1", "q")
+    p.update("r1", report("r1", [SYSTEM_B], taken_at=5.0))  # served, then evicted for B
+    d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 0, "r2": 1})
+    assert (d.ranked[0], d.reason) == ("r2", COLD)  # the smaller tree
+
+
+def test_sticky_sends_an_evicted_prefix_back_where_it_was_last_sent():
+    clock = Clock()
+    p = policy(clock=clock, sticky=True)
+    p.update("r1", report("r1", [], taken_at=0.0))
+    p.update("r2", report("r2", [], taken_at=0.0))
+    p.routed("r1", "q", page_hashes(prompt(SYSTEM_A, 0), P))
+    clock.now = 3.0
+    p.completed("r1", "q")
+    p.update("r1", report("r1", [SYSTEM_B], taken_at=5.0))
+    d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 3, "r2": 0})
+    assert (d.ranked[0], d.reason) == ("r1", PENDING)
+
+
+def test_request_never_reported_finished_is_forgotten_after_the_ttl():
     clock = Clock()
     p = policy(clock=clock, pending_ttl=5.0)
     p.update("r1", report("r1", []))
     p.update("r2", report("r2", []))
-    p.routed("r1", page_hashes(SYSTEM_A, P))
+    p.routed("r1", "q", page_hashes(SYSTEM_A, P))
     clock.now = 6.0
     d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 1, "r2": 0})
     assert (d.ranked[0], d.reason) == ("r2", COLD)
@@ -162,11 +201,22 @@ def test_removed_replica_is_never_ranked():
     assert d.ranked == ["r2"] and p.report("r1") is None
 
 
-def test_pending_hashes_per_replica_are_bounded():
+def test_requests_remembered_per_replica_are_bounded():
     p = policy(max_pending=10)
     p.update("r1", report("r1", []))
-    p.routed("r1", page_hashes(SYSTEM_A, P))
-    assert len(p._replicas["r1"].pending) == 10
+    for i in range(12):
+        p.routed("r1", f"q{i}", page_hashes(prompt(SYSTEM_A, i), P))
+    assert len(p._replicas["r1"].inflight) == 10 and len(p._replicas["r1"].sent) <= 10
+
+
+def test_a_request_sent_elsewhere_than_chosen_is_pending_only_where_it_went():
+    p = policy()
+    p.update("r1", report("r1", []))
+    p.update("r2", report("r2", []))
+    p.routed("r1", "q", page_hashes(prompt(SYSTEM_A, 0), P))
+    p.routed("r2", "q", page_hashes(prompt(SYSTEM_A, 0), P))  # r1 was full: r2 took it
+    d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 0, "r2": 1})
+    assert (d.ranked[0], d.reason) == ("r2", PENDING)
 
 
 def test_no_replica_is_an_error():
@@ -186,20 +236,10 @@ def test_stats_that_are_not_a_report_read_as_none():
     assert ReplicaReport.from_stats({"something": 1}) is None
 
 
-def test_prefix_evicted_everywhere_goes_back_to_the_replica_it_was_routed_to():
-    p = policy()
-    p.update("r1", report("r1", [], taken_at=1.0))
-    p.update("r2", report("r2", [], taken_at=1.0))
-    p.routed("r1", page_hashes(prompt(SYSTEM_A, 0), P))
-    p.update("r1", report("r1", [SYSTEM_B], taken_at=5.0))  # served, then evicted for B
-    d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 3, "r2": 0})
-    assert (d.ranked[0], d.reason) == ("r1", PENDING)
-
-
 def test_a_replica_reporting_the_prefix_beats_one_it_was_only_routed_to():
     p = policy()
     p.update("r1", report("r1", []))
     p.update("r2", report("r2", [SYSTEM_A]))
-    p.routed("r1", page_hashes(prompt(SYSTEM_A, 0), P))
+    p.routed("r1", "q", page_hashes(prompt(SYSTEM_A, 0), P))
     d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 0, "r2": 2})
     assert (d.ranked[0], d.reason) == ("r2", CACHED)
