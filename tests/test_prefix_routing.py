@@ -139,9 +139,9 @@ def test_finished_request_keeps_its_prefix_pending_until_a_later_report():
     assert (d.ranked[0], d.reason) == ("r1", PENDING)
 
 
-def test_prefix_a_later_report_does_not_show_is_cold_again():
+def test_without_sticky_a_prefix_a_later_report_does_not_show_is_cold_again():
     clock = Clock()
-    p = policy(clock=clock)
+    p = policy(clock=clock, sticky=False)
     p.update("r1", report("r1", [], taken_at=0.0))
     p.update("r2", report("r2", [], taken_at=0.0))
     p.routed("r1", "q", page_hashes(prompt(SYSTEM_A, 0), P))
