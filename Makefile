@@ -30,7 +30,7 @@ TEST_WORKERS ?= 2
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
-# Every figure in README.md; about an hour on 2 cores. bench/compare.py includes llama.cpp once
+# Every figure in README.md; about 1.5 hours on 2 cores. bench/compare.py includes llama.cpp once
 # `make bench-peers` has built it.
 bench: setup
 	$(PIP) install -q -e '.[test,ray,bench]' $(TORCH_PIN)
@@ -44,6 +44,8 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/lifecycle_load.py
 	HF_HUB_OFFLINE=1 $(PY) bench/responses.py
 	HF_HUB_OFFLINE=1 $(PY) bench/tool_calls.py
+	HF_HUB_OFFLINE=1 $(PY) bench/ray_router.py --routers radix,radix-unsticky,text,pow2
+	HF_HUB_OFFLINE=1 $(PY) bench/ray_router.py --kv-cache-tokens 4096 --json bench/results/ray_router_4096.json
 	HF_HUB_OFFLINE=1 $(PY) bench/compare.py
 
 # Opt-in, never part of `make test`: llama.cpp's server built from source (~5 minutes on 2 cores).
