@@ -44,8 +44,8 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/lifecycle_load.py
 	HF_HUB_OFFLINE=1 $(PY) bench/responses.py
 	HF_HUB_OFFLINE=1 $(PY) bench/tool_calls.py
-	HF_HUB_OFFLINE=1 $(PY) bench/ray_router.py --routers radix,radix-unsticky,text,pow2
-	HF_HUB_OFFLINE=1 $(PY) bench/ray_router.py --kv-cache-tokens 4096 --json bench/results/ray_router_4096.json
+	HF_HUB_OFFLINE=1 $(PY) bench/ray_router.py --routers radix,radix-sticky,text,pow2
+	HF_HUB_OFFLINE=1 $(PY) bench/ray_router.py --routers radix,radix-sticky,text,pow2 --kv-cache-tokens 4096 --json bench/results/ray_router_4096.json
 	HF_HUB_OFFLINE=1 $(PY) bench/compare.py
 
 # Opt-in, never part of `make test`: llama.cpp's server built from source (~5 minutes on 2 cores).

@@ -9,9 +9,9 @@ after the report was taken ("pending"). In that order it picks:
 1. the replica whose reported tree holds the longest prefix (reason "cached");
 2. else the one with the longest pending prefix (reason "pending"): a burst of requests on a new
    system prompt follows the first one to its replica before any report shows it cached;
-3. else, with `sticky`, the replica it was last sent to within `pending_ttl`, which has evicted it
-   since (reason "pending"): each prompt's requests stay on one replica, whose next requests hit
-   what it prefills again, rather than moving the thrash to another replica;
+3. else, only with `sticky`, the replica it was last sent to within `pending_ttl`, which has evicted
+   it since (reason "pending"), so that each prompt's requests stay on one replica (what Ray Serve
+   LLM's and SGLang's text routers do; bench/ray_router.py measures both ways);
 4. else (no replica holds or was sent enough of it) the one with the fewest prefix pages held or
    pending, where it displaces the least (reason "cold"; ties: the least loaded).
 A replica whose queue exceeds the shortest by more than `imbalance` is passed over ("balance")."""
@@ -65,7 +65,7 @@ class PrefixRoutingPolicy:
     clock (`time.time`): reports are stamped with it."""
 
     def __init__(self, imbalance: int = 8, pending_ttl: float = 60.0, min_match_ratio: float = 0.1,
-                 sticky: bool = True, max_pending: int = 65536, clock=time.time):
+                 sticky: bool = False, max_pending: int = 65536, clock=time.time):
         self.imbalance = imbalance
         self.pending_ttl = pending_ttl
         self.min_match_ratio = min_match_ratio

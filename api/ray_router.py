@@ -31,7 +31,7 @@ class RadixPrefixRouter(RequestRouter):
     guarded by load; anything else (`info`) to the shortest queue."""
 
     def initialize_state(self, imbalance: int = 8, pending_ttl_s: float = 60.0,
-                         min_match_ratio: float = 0.1, sticky: bool = True) -> None:
+                         min_match_ratio: float = 0.1, sticky: bool = False) -> None:
         self.policy = PrefixRoutingPolicy(imbalance, pending_ttl_s, min_match_ratio, sticky)
         self._decisions: dict[str, RouteDecision] = {}  # internal request id -> its decision
 

@@ -92,9 +92,9 @@ def percentile(values: list[float], q: float) -> float:
 # Ray Serve LLM's router ships with no balance guard (imbalanced_threshold inf): with it, every
 # prompt after the first followed the first replica (56 of 64 requests on one). It is given the
 # same guard as ours, 8 requests of queue difference.
-# "radix-unsticky" is ours with `sticky` off: a prefix evicted everywhere goes to the smallest
-# tree instead of back to the replica it was last sent to.
-VARIANTS = {"radix": ("radix", {}), "radix-unsticky": ("radix", {"sticky": False}), "pow2": ("pow2", {}),
+# "radix-sticky" is ours with `sticky` on: a prefix evicted everywhere goes back to the replica it
+# was last sent to instead of to the smallest tree.
+VARIANTS = {"radix": ("radix", {}), "radix-sticky": ("radix", {"sticky": True}), "pow2": ("pow2", {}),
             "text": ("text", {"imbalanced_threshold": 8})}
 
 
