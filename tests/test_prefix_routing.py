@@ -126,40 +126,34 @@ def test_burst_on_a_new_prompt_follows_the_first_request_before_any_report():
         loads[d.ranked[0]] += 1
 
 
-def test_finished_request_keeps_its_prefix_pending_until_a_later_report():
+def served_on_r1(**kwargs) -> PrefixRoutingPolicy:
+    """Two replicas that reported empty trees at t=0; a request on SYSTEM_A went to r1 and ended at t=3."""
     clock = Clock()
-    p = policy(clock=clock)
+    p = policy(clock=clock, **kwargs)
     p.update("r1", report("r1", [], taken_at=0.0))
     p.update("r2", report("r2", [], taken_at=0.0))
     p.routed("r1", "q", page_hashes(prompt(SYSTEM_A, 0), P))
     clock.now = 3.0
     p.completed("r1", "q")
+    return p
+
+
+def test_finished_request_keeps_its_prefix_pending_until_a_later_report():
+    p = served_on_r1()
     p.update("r1", report("r1", [], taken_at=2.0))  # taken before the request ended
     d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 1, "r2": 0})
     assert (d.ranked[0], d.reason) == ("r1", PENDING)
 
 
 def test_without_sticky_a_prefix_a_later_report_does_not_show_is_cold_again():
-    clock = Clock()
-    p = policy(clock=clock, sticky=False)
-    p.update("r1", report("r1", [], taken_at=0.0))
-    p.update("r2", report("r2", [], taken_at=0.0))
-    p.routed("r1", "q", page_hashes(prompt(SYSTEM_A, 0), P))
-    clock.now = 3.0
-    p.completed("r1", "q")
+    p = served_on_r1(sticky=False)
     p.update("r1", report("r1", [SYSTEM_B], taken_at=5.0))  # served, then evicted for B
     d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 0, "r2": 1})
     assert (d.ranked[0], d.reason) == ("r2", COLD)  # the smaller tree
 
 
 def test_sticky_sends_an_evicted_prefix_back_where_it_was_last_sent():
-    clock = Clock()
-    p = policy(clock=clock, sticky=True)
-    p.update("r1", report("r1", [], taken_at=0.0))
-    p.update("r2", report("r2", [], taken_at=0.0))
-    p.routed("r1", "q", page_hashes(prompt(SYSTEM_A, 0), P))
-    clock.now = 3.0
-    p.completed("r1", "q")
+    p = served_on_r1(sticky=True)
     p.update("r1", report("r1", [SYSTEM_B], taken_at=5.0))
     d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 3, "r2": 0})
     assert (d.ranked[0], d.reason) == ("r1", PENDING)
