@@ -7,7 +7,7 @@ RadixPrefixRouter on what each replica's radix tree holds."""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from ray import serve
@@ -153,8 +153,3 @@ def _known(cls, values: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown {cls.__name__} settings: {', '.join(sorted(unknown))}")
     return dict(values)
-
-
-def settings_dict(settings: ClusterSettings) -> dict[str, Any]:
-    """ClusterSettings as `app_builder` arguments (what a Serve config file holds)."""
-    return asdict(settings)
