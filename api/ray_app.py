@@ -60,7 +60,6 @@ class ClusterSettings:
         self.engine.validate()
 
 
-# Ray Serve's own power-of-two router, for comparison (bench/ray_router.py)
 # Import paths (Ray Serve imports the class in the ingress's process). "pow2" is Ray Serve's default
 # and "text" Ray Serve LLM's PrefixCacheAffinityRouter (a tree of the prompt text routed to each
 # replica; it needs pyarrow): both only to compare with (bench/ray_router.py).
