@@ -18,11 +18,10 @@ REPORT_PERIOD_S = 1.0
 
 
 class ClusterView:
-    def __init__(self, stale_after: float = 10 * REPORT_PERIOD_S):
+    def __init__(self):
         self._lock = threading.Lock()
         self._reports: dict[str, ReplicaReport] = {}
         self._decisions: Counter = Counter()  # (reason, replica) -> requests routed
-        self.stale_after = stale_after        # a report older than this no longer vouches for its replica
 
     def set_report(self, report: ReplicaReport) -> None:
         with self._lock:

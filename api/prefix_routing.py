@@ -30,7 +30,6 @@ PENDING = "pending"    # sent there, not reported yet (or, `sticky`, sent there 
 COLD = "cold"          # no replica holds enough of it: the smallest tree
 BALANCE = "balance"    # a replica with a longer prefix was skipped: its queue is too long
 FULL = "full"          # the ranking's first replica was at its concurrency limit: a later one took it
-REASONS = (CACHED, PENDING, COLD, BALANCE, FULL)
 
 # Reports carry the replica's wall clock: this much skew between nodes is tolerated.
 CLOCK_SKEW_S = 0.5

@@ -30,14 +30,10 @@ class Accepted:
     replica: str  # Ray Serve's full replica id, e.g. SERVE_REPLICA::radixserve#EngineReplica#abc
 
 
-# Refused.kind: which engine exception the replica's `submit` raised, re-raised by the ingress
-REFUSAL_KINDS = ("invalid", "grammar", "overloaded", "stopped")
-
-
 @dataclass(frozen=True)
 class Refused:
     """The replica's first and only reply when its engine refused the request."""
-    kind: str
+    kind: str  # the engine exception `submit` raised, which the ingress raises again (remote_engine._REFUSALS)
     message: str
     replica: str = ""
 
