@@ -28,7 +28,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue-wait-boost", type=float, default=d.max_queue_wait_boost,
                    help="seconds after which a waiting request jumps ahead of newer ones under lpm / dfs-weight")
     p.add_argument("--disable-radix-cache", action="store_true")
-    p.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "triton", "torch"],
+    p.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "triton", "cpu", "torch"],
                    help="auto = triton on CUDA, torch on CPU")
     p.add_argument("--disable-cuda-graph", action="store_true", help="run CUDA decode steps eagerly")
     p.add_argument("--grammar-backend", default=d.grammar_backend, choices=list(GRAMMAR_BACKENDS),

@@ -7,11 +7,13 @@ from typing import Any, Protocol
 
 import torch
 
+from radixserve.runtime.attention_cpu import CpuAttentionBackend
 from radixserve.runtime.attention_torch import TorchAttentionBackend
 from radixserve.runtime.attention_triton import TritonAttentionBackend
 from radixserve.runtime.config import ATTENTION_BACKENDS
 from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
 from radixserve.runtime.kv_cache import KVCache
+from radixserve.runtime.models.layer_ops import KERNEL_DTYPES
 from radixserve.runtime.platform import get_platform
 
 
@@ -29,7 +31,8 @@ class AttentionBackend(Protocol):
 
 
 def resolve_attention_backend(name: str, device: torch.device) -> str:
-    """`auto`: the device's platform decides (Triton on CUDA when installed, torch elsewhere)."""
+    """`auto`: the device's platform decides (Triton on CUDA when installed, the C++ kernels on the
+    CPU where they build, torch elsewhere)."""
     if name == "auto":
         return get_platform(device).default_attention_backend()
     if name not in ATTENTION_BACKENDS:
@@ -38,6 +41,15 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
 
 
 def make_attention_backend(name: str, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int) -> AttentionBackend:
-    if resolve_attention_backend(name, kv_cache.k.device) == "triton":
+    device = kv_cache.k.device
+    resolved = resolve_attention_backend(name, device)
+    if resolved == "triton":
         return TritonAttentionBackend(kv_cache, page_table, num_heads)
+    if resolved == "cpu":
+        kernels = get_platform(device).kernels() if device.type == "cpu" else None
+        if kernels is not None and kv_cache.k.dtype in KERNEL_DTYPES:
+            return CpuAttentionBackend(kv_cache, page_table, num_heads, kernels)
+        if name != "auto":
+            raise ValueError("attention backend cpu needs the CPU kernels (a C++ compiler) and a float32 or "
+                             "bfloat16 KV cache on the CPU")
     return TorchAttentionBackend(kv_cache, page_table, num_heads)

@@ -78,6 +78,7 @@ class TorchAttentionMetadata:
 
 class TorchAttentionBackend:
     supports_decode_graphs = False
+    metadata_type = TorchAttentionMetadata
 
     def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int):
         self.kv = kv_cache
@@ -93,25 +94,26 @@ class TorchAttentionBackend:
 
     # ---- metadata -------------------------------------------------------------------------
     def prepare(self, layout: BatchLayout) -> TorchAttentionMetadata:
-        meta = TorchAttentionMetadata(layout.num_decode)
+        meta = self.metadata_type(layout.num_decode)
         contexts = [self._context_slots(s) if s.prefix_len else None for s in layout.extends]
         meta.scored_extends, scored = self._scored_extends(layout.extends, contexts)
         meta.sdpa_extends = [SdpaExtend(slice(s.start, s.start + s.length), s.prefix_len, ctx)
                              for i, (s, ctx) in enumerate(zip(layout.extends, contexts)) if i not in scored]
-        shared = None
         if layout.decodes:
-            groups = shared_prefix_groups(layout.decodes, self.page_size)
-            shared_pages = [0] * len(layout.decodes)
-            for members, n in groups:
-                for i in members:
-                    shared_pages[i] = n
-            meta.decode_kv_rows, meta.decode_bias = self._decode_rows(layout.decodes, shared_pages)
-            meta.decode_value_bags = value_bags(meta.decode_kv_rows, self.query_group)
-            shared = self._shared_prefixes(layout.decodes, groups) if groups else None
-        meta.decode_shared = shared
-        if shared is None:
+            self._prepare_decodes(layout.decodes, meta)
+        if meta.decode_shared is None:
             self._kept_prefixes = None
         return meta
+
+    def _prepare_decodes(self, decodes: list[DecodeSeq], meta: TorchAttentionMetadata) -> None:
+        groups = shared_prefix_groups(decodes, self.page_size)
+        shared_pages = [0] * len(decodes)
+        for members, n in groups:
+            for i in members:
+                shared_pages[i] = n
+        meta.decode_kv_rows, meta.decode_bias = self._decode_rows(decodes, shared_pages)
+        meta.decode_value_bags = value_bags(meta.decode_kv_rows, self.query_group)
+        meta.decode_shared = self._shared_prefixes(decodes, groups) if groups else None
 
     def _context_slots(self, seg: ExtendSeq) -> torch.Tensor:
         """[prefix_len + length] slot of each position of the segment's context."""
@@ -196,7 +198,7 @@ class TorchAttentionBackend:
                 batch: ForwardBatch) -> torch.Tensor:
         meta: TorchAttentionMetadata = batch.attention
         k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
-        write_kv(k_cache, v_cache, batch.out_slots, k, v)
+        self._write_kv(k_cache, v_cache, batch.out_slots, k, v)
         nd = meta.num_decode
         if nd == q.shape[0]:
             return self._decode(layer, q, k_cache, v_cache, meta)
@@ -211,6 +213,10 @@ class TorchAttentionBackend:
             out[rows] = extend_attention(q[rows], k[rows], v[rows], k_cache, v_cache,
                                          seg.context_slots, seg.prefix_len, self.scale)
         return out
+
+    def _write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor) -> None:
+        write_kv(k_cache, v_cache, slots, k, v)
 
     def _decode(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: TorchAttentionMetadata) -> torch.Tensor:

@@ -6,7 +6,7 @@ from typing import Optional
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "priority")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines-core")
-ATTENTION_BACKENDS = ("auto", "triton", "torch")
+ATTENTION_BACKENDS = ("auto", "triton", "cpu", "torch")
 
 
 @dataclass
@@ -26,7 +26,7 @@ class EngineConfig:
     # seconds after it: it jumps ahead once it has waited this long behind newer requests
     max_queue_wait_boost: float = 5.0
     disable_radix_cache: bool = False
-    attention_backend: str = "auto"      # auto (triton on CUDA, torch on CPU) | triton | torch
+    attention_backend: str = "auto"      # auto (triton on CUDA, cpu on CPU) | triton | cpu | torch
     disable_cuda_graph: bool = False     # CUDA: run decode steps eagerly instead of replaying graphs
     grammar_backend: str = "xgrammar"    # xgrammar | outlines-core
     grammar_compile_timeout: float = 30.0  # seconds

@@ -66,6 +66,11 @@ class Platform:
     def warm_up_kernels(self, vocab_size: int) -> None:
         """Compile what the first step would otherwise stall on."""
 
+    def layer_ops(self):
+        """The form of a decoder layer's elementwise steps (runtime/models/layer_ops.py)."""
+        from radixserve.runtime.models.layer_ops import TorchLayerOps
+        return TorchLayerOps()
+
     def upload(self, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
         """Host values (a step's indices or parameters) as one tensor on the device."""
         return torch.tensor(values, dtype=dtype, device=self.device)
@@ -161,6 +166,19 @@ class CpuPlatform(Platform):
 
     def default_dtype(self) -> torch.dtype:
         return torch.bfloat16 if self.fast_bf16 else torch.float32
+
+    def default_attention_backend(self) -> str:
+        return "cpu" if self.kernels() is not None else "torch"
+
+    def kernels(self):
+        """The CPU kernels (kernels/cpu_kernels.py), built on first use; None without a compiler."""
+        from radixserve.kernels import cpu_kernels
+        return cpu_kernels.load()
+
+    def layer_ops(self):
+        from radixserve.runtime.models.layer_ops import CpuLayerOps, TorchLayerOps
+        kernels = self.kernels()
+        return TorchLayerOps() if kernels is None else CpuLayerOps(kernels)
 
     def free_memory_bytes(self) -> int:
         for line in Path("/proc/meminfo").read_text().splitlines():

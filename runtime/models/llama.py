@@ -5,12 +5,14 @@ keep the CPU decode step short. q/k/v and gate/up projections are fused.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
 from radixserve.runtime.forward_batch import ForwardBatch
 from radixserve.runtime.models.config import ModelConfig
-from radixserve.runtime.models.rope import apply_rope, cos_sin_table
+from radixserve.runtime.models.rope import cos_sin_table
 from radixserve.runtime.platform import Platform, get_platform
 
 
@@ -41,12 +43,15 @@ class DecoderLayer:
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.inter = cfg.intermediate_size
+        self.ops = platform.layer_ops()
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 batch: ForwardBatch, attn) -> torch.Tensor:
-        t, d = x.shape[0], self.head_dim
-        h = F.rms_norm(x, (x.shape[-1],), self.input_norm, self.eps).to(self.dtype)
+    def __call__(self, x: torch.Tensor, delta: Optional[torch.Tensor], rope_state, batch: ForwardBatch,
+                 attn) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the float32 residual stream before the previous layer's MLP output `delta` (None
+        for the first layer) is added: each add is fused with the norm after it. Returns this
+        layer's (x, delta)."""
+        t, d, ops = x.shape[0], self.head_dim, self.ops
+        x, h = ops.add_rms_norm(x, delta, self.input_norm, self.eps, self.dtype)
         qkv = self.qkv(h)
         # q and k are adjacent in the fused output: their heads are rotated in one call
         qk = qkv[:, : self.q_size + self.kv_size].view(t, self.heads + self.kv_heads, d)
@@ -54,12 +59,10 @@ class DecoderLayer:
         if self.q_norm is not None:
             qk = torch.cat([F.rms_norm(qk[:, : self.heads], (d,), self.q_norm, self.eps),
                             F.rms_norm(qk[:, self.heads:], (d,), self.k_norm, self.eps)], dim=1)
-        qk = apply_rope(qk, cos, sin)
-        o = attn.forward(self.index, qk[:, : self.heads], qk[:, self.heads:], v.contiguous(), batch)
-        x = x + self.o(o.reshape(t, self.q_size))
-        h = F.rms_norm(x, (x.shape[-1],), self.post_attn_norm, self.eps).to(self.dtype)
-        gate, up = self.gate_up(h).split([self.inter, self.inter], dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        qk = ops.rope(qk, rope_state)
+        o = attn.forward(self.index, qk[:, : self.heads], qk[:, self.heads:], v, batch)
+        x, h = ops.add_rms_norm(x, self.o(o.reshape(t, self.q_size)), self.post_attn_norm, self.eps, self.dtype)
+        return x, self.down(ops.silu_mul(self.gate_up(h)))
 
 
 class LlamaForCausalLM:
@@ -72,6 +75,7 @@ class LlamaForCausalLM:
         platform = get_platform(device)
         w = {k: t.to(device=device, dtype=dtype) for k, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
+        self.ops = platform.layer_ops()
         self.layers = [DecoderLayer(cfg, w, i, int4 or {}, platform) for i in range(cfg.num_layers)]
         self.norm = w["model.norm.weight"].float()
         self.lm_head = platform.linear(self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in w
@@ -83,11 +87,11 @@ class LlamaForCausalLM:
     def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
         """Float32 logits of `batch.sample_rows` (all rows when None)."""
         x = F.embedding(batch.input_ids, self.embed).float()
-        cos = self.cos[batch.positions].unsqueeze(1)
-        sin = self.sin[batch.positions].unsqueeze(1)
+        rope_state = self.ops.rope_positions(self.cos, self.sin, batch.positions)
+        delta = None
         for layer in self.layers:
-            x = layer(x, cos, sin, batch, attn)
+            x, delta = layer(x, delta, rope_state, batch, attn)
         if batch.sample_rows is not None:
-            x = x[batch.sample_rows]
-        x = F.rms_norm(x, (x.shape[-1],), self.norm, self.cfg.rms_norm_eps).to(self.dtype)
-        return self.lm_head(x).float()
+            x, delta = x[batch.sample_rows], delta[batch.sample_rows]
+        _, h = self.ops.add_rms_norm(x, delta, self.norm, self.cfg.rms_norm_eps, self.dtype)
+        return self.lm_head(h).float()

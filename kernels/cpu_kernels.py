@@ -1,0 +1,230 @@
+"""The CPU decode step's kernels (kernels/cpu_kernels.cpp): built for this machine's CPU on first
+use, cached on disk, called through ctypes.
+
+A decode step of a small model on the CPU is mostly per-op overhead (~35 ATen ops per layer before
+these kernels) and, at long contexts, gathering K/V rows into copies before attending to them.
+These kernels fuse each group of small ops into one call and read K/V straight from the pages.
+
+`load()` returns the kernels, or None where no C++ compiler works (the torch paths then serve,
+with the same results up to float rounding). Build: `g++ -O3 -march=native -fopenmp`, about a
+second; the library lands in $RADIXSERVE_CACHE_DIR (default ~/.cache/radixserve), named by a
+hash of the source, the flags, the compiler and the CPU's flags, so that a machine with another
+CPU builds its own. Wrappers take tensors and check what the C side assumes (dtype, contiguity).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+log = logging.getLogger("radixserve.kernels")
+
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC",
+         "-std=c++17"]
+SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+MAX_HEAD_DIM = 512   # the kernels' stack buffers
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RADIXSERVE_CACHE_DIR") or Path.home() / ".cache" / "radixserve")
+
+
+def _cpu_flags() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    return next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX", "g++")
+
+
+def library_path() -> Path:
+    cxx = _compiler()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = "none"
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), cxx, version, _cpu_flags()])
+                         .encode()).hexdigest()[:16]
+    return cache_dir() / f"cpu_kernels-{key}.so"
+
+
+def build(path: Path) -> None:
+    """Compile into `path`; concurrent builders (test workers) each write their own file and
+    rename it into place, so that a reader never sees half a library."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        subprocess.run([_compiler(), *FLAGS, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True,
+                       timeout=300)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# Tokens an item of decode attention covers for one query row (fewer per row for a group sharing a
+# prefix, so that its scores stay in cache): small enough that one long context is split across
+# every thread, large enough that an item's fixed work is noise.
+ITEM_TOKENS = 256
+
+
+@dataclass
+class DecodePlan:
+    """How `decode_attention` splits a step's decodes into items (see kernels/cpu_kernels.cpp):
+    built once a step, used by every layer."""
+    items: torch.Tensor        # int32 [n, 5]: page-table row, first token, end token, first member, members
+    members: torch.Tensor      # int32 [m]: the query row of each member (member i fills partial slot i)
+    slot_start: torch.Tensor   # int32 [B + 1]: each query row's partial slots in `slots`
+    slots: torch.Tensor        # int32 [m]
+    partials: torch.Tensor     # float32 [m, heads, dim + 2], scratch
+    max_members: int
+    max_scores: int
+
+    @classmethod
+    def of(cls, page_rows: Sequence[int], context_lens: Sequence[int], groups: Sequence[tuple[Sequence[int], int]],
+           heads: int, dim: int) -> "DecodePlan":
+        """Query row i attends to the first context_lens[i] tokens of page-table row page_rows[i];
+        `groups`: (rows, shared tokens) of rows whose contexts start on the same pages, which are
+        then read once for all of them (the rows of a group read them through its first row's)."""
+        items: list[tuple[int, int, int, int, int]] = []
+        members: list[int] = []
+        slots_of: list[list[int]] = [[] for _ in page_rows]
+
+        def add(page_row: int, start: int, end: int, rows: Sequence[int]) -> None:
+            step = max(1, ITEM_TOKENS // len(rows))
+            for s in range(start, end, step):
+                items.append((page_row, s, min(end, s + step), len(members), len(rows)))
+                for r in rows:
+                    slots_of[r].append(len(members))
+                    members.append(r)
+
+        own_start = [0] * len(page_rows)
+        for rows, shared in groups:
+            add(page_rows[rows[0]], 0, shared, rows)
+            for r in rows:
+                own_start[r] = shared
+        for r, (row, length) in enumerate(zip(page_rows, context_lens)):
+            add(row, own_start[r], length, [r])
+        slot_start = [0]
+        for s in slots_of:
+            slot_start.append(slot_start[-1] + len(s))
+        i32 = torch.int32
+        return cls(items=torch.tensor(items, dtype=i32), members=torch.tensor(members, dtype=i32),
+                   slot_start=torch.tensor(slot_start, dtype=i32),
+                   slots=torch.tensor([j for s in slots_of for j in s], dtype=i32),
+                   partials=torch.empty(len(members), heads, dim + 2),
+                   max_members=max(n for *_, n in items),
+                   max_scores=max((end - start) * n * heads for _, start, end, _, n in items))
+
+
+class CpuKernels:
+    """Typed entry points of the built library."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+        self._fns = {}
+        signatures = {
+            "add_rms_norm": [ptr, ptr, i64, ptr, ptr, i64, i64, f32],
+            "rope": [ptr, i64, i64, i64, i64, ptr, ptr, ptr],
+            "silu_mul": [ptr, i64, i64, ptr],
+            "write_kv": [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64],
+            "decode_attention": [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, ptr, i64, ptr,
+                                 i64, i64, i64, f32, i64, i64],
+        }
+        for name, args in signatures.items():
+            for suffix in SUFFIX.values():
+                fn = getattr(lib, f"rs_{name}_{suffix}")
+                fn.argtypes, fn.restype = args, None
+                self._fns[name, suffix] = fn
+
+    def fn(self, name: str, dtype: torch.dtype):
+        return self._fns[name, SUFFIX[dtype]]
+
+    # ---- wrappers (tensors in, checks the C side relies on) ---------------------------------------
+    def add_rms_norm(self, x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor, eps: float,
+                     dtype: torch.dtype) -> torch.Tensor:
+        """x += delta in place (x: contiguous float32 [T, d]; delta: [T, d] rows of unit stride in
+        `dtype`), then rms_norm(x) * weight in `dtype`."""
+        t, d = x.shape
+        assert x.dtype == torch.float32 and x.is_contiguous() and weight.dtype == torch.float32
+        out = torch.empty(t, d, dtype=dtype)
+        stride = 0
+        if delta is not None:
+            assert delta.dtype == dtype and delta.shape == x.shape and delta.stride(1) == 1
+            stride = delta.stride(0)
+        self.fn("add_rms_norm", dtype)(x.data_ptr(), None if delta is None else delta.data_ptr(), stride,
+                                       weight.data_ptr(), out.data_ptr(), t, d, eps)
+        return out
+
+    def rope_(self, x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+              positions: torch.Tensor) -> None:
+        """Rotate the first `heads` heads of each row of x [T, >= heads * head_dim] (unit stride in
+        a row) in place, with rows `positions` of the [max_len, head_dim] tables of rope.py."""
+        assert x.stride(1) == 1 and cos.is_contiguous() and sin.is_contiguous() and cos.dtype == x.dtype
+        assert positions.dtype == torch.int64 and positions.is_contiguous() and head_dim <= MAX_HEAD_DIM
+        self.fn("rope", x.dtype)(x.data_ptr(), x.stride(0), x.shape[0], heads, head_dim, cos.data_ptr(),
+                                 sin.data_ptr(), positions.data_ptr())
+
+    def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> None:
+        """k, v [T, kv_heads, dim] (a row's heads contiguous) to `slots` of caches [.., kv_heads, dim]."""
+        t, kv_heads, dim = k.shape
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and slots.dtype == torch.int64
+        assert k.stride()[1:] == (dim, 1) and v.stride()[1:] == (dim, 1) and k.dtype == k_cache.dtype == v.dtype
+        self.fn("write_kv", k.dtype)(k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), k.data_ptr(),
+                                     k.stride(0), v.data_ptr(), v.stride(0), t, kv_heads * dim)
+
+    def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         table: torch.Tensor, plan: "DecodePlan", scale: float) -> torch.Tensor:
+        """One query per row of q [B, heads, dim] (a row's heads contiguous) against the KV pages of
+        caches [pages, page_size, kv_heads, dim], as `plan` lays out; -> [B, heads, dim]."""
+        b, heads, dim = q.shape
+        _, page_size, kv_heads, _ = k_cache.shape
+        assert q.stride()[1:] == (dim, 1) and q.dtype == k_cache.dtype and dim <= MAX_HEAD_DIM
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and table.dtype == torch.int64
+        out = torch.empty(b, heads, dim, dtype=q.dtype)
+        self.fn("decode_attention", q.dtype)(
+            q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(),
+            table.stride(0), page_size, plan.items.data_ptr(), plan.items.shape[0], plan.members.data_ptr(),
+            plan.slot_start.data_ptr(), plan.slots.data_ptr(), b, plan.partials.data_ptr(), heads, kv_heads, dim,
+            scale, plan.max_members, plan.max_scores)
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for contiguous rows [gate | up]."""
+        assert gate_up.is_contiguous()
+        t, width = gate_up.shape
+        out = torch.empty(t, width // 2, dtype=gate_up.dtype)
+        self.fn("silu_mul", gate_up.dtype)(gate_up.data_ptr(), t, width // 2, out.data_ptr())
+        return out
+
+
+@functools.cache
+def load() -> Optional[CpuKernels]:
+    """The kernels, built if needed; None where they cannot be built or loaded."""
+    if os.environ.get("RADIXSERVE_DISABLE_CPU_KERNELS"):
+        return None
+    try:
+        path = library_path()
+        if not path.exists():
+            build(path)
+        return CpuKernels(ctypes.CDLL(str(path)))
+    except (OSError, subprocess.SubprocessError, AttributeError) as e:
+        detail = getattr(e, "stderr", "") or ""
+        log.warning("CPU kernels unavailable, using the torch paths: %s %s", e, detail[-2000:])
+        return None
