@@ -2,9 +2,9 @@
 which read each request's K/V straight from its pages (the torch path gathers them into copies
 first, ~60% of a long-context decode step); extends as the torch backend does them.
 
-A decode's context is split into items of up to `ITEM_TOKENS` tokens so that one long request
-occupies every thread; decodes whose contexts start on the same cached pages (one system prompt)
-have those pages scored once for all of them, as the torch path groups them.
+A decode's context is split into items (`DecodePlan`) so that one long request occupies every
+thread; decodes whose contexts start on the same cached pages (one system prompt) have those
+pages scored once for all of them.
 """
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def _prepare_decodes(self, decodes: list[DecodeSeq], meta: CpuAttentionMetadata) -> None:
         p = self.page_size
-        groups = [(members, n * p) for members, n in shared_prefix_groups(decodes, p)]
+        # unlike the torch path's, sharing here costs no extra ops: every shared page counts
+        groups = [(members, n * p) for members, n in shared_prefix_groups(decodes, p, min_group_saving=1,
+                                                                             min_saving=1)]
         meta.decode_plan = DecodePlan.of([d.page_row for d in decodes], [d.context_len for d in decodes], groups,
                                          self.heads, self.head_dim)
 

@@ -27,9 +27,13 @@ MIN_GROUP_SAVING = 256
 MAX_KEPT_PREFIX_BYTES = 256 << 20
 
 
-def shared_prefix_groups(decodes: list[DecodeSeq], page_size: int) -> list[tuple[list[int], int]]:
+def shared_prefix_groups(decodes: list[DecodeSeq], page_size: int, min_group_saving: Optional[int] = None,
+                         min_saving: Optional[int] = None) -> list[tuple[list[int], int]]:
     """(indices, shared pages) of each group of decodes whose contexts start on the same cached
-    pages (radix-tree hits on one system prompt); [] when sharing would not pay."""
+    pages (radix-tree hits on one system prompt); [] when sharing would not pay. Savings are
+    counted in tokens not read twice; the thresholds default to this backend's."""
+    min_group_saving = MIN_GROUP_SAVING if min_group_saving is None else min_group_saving
+    min_saving = MIN_SHARED_DECODE_SAVING if min_saving is None else min_saving
     by_first_page: dict[int, list[int]] = defaultdict(list)
     for i, d in enumerate(decodes):
         by_first_page[d.pages[0]].append(i)
@@ -42,11 +46,11 @@ def shared_prefix_groups(decodes: list[DecodeSeq], page_size: int) -> list[tuple
         prefix = full[0]
         for pages in full[1:]:
             prefix = prefix[: common_prefix_len(prefix, pages, 1)]
-        if (len(members) - 1) * len(prefix) * page_size >= MIN_GROUP_SAVING:
+        if (len(members) - 1) * len(prefix) * page_size >= max(1, min_group_saving):
             groups.append((members, len(prefix)))
     saving = sum((len(members) - 1) * shared * page_size for members, shared in groups)
     # in page order, so that the same prefixes give the same layout from step to step
-    return sorted(groups, key=lambda g: decodes[g[0][0]].pages[0]) if saving >= MIN_SHARED_DECODE_SAVING else []
+    return sorted(groups, key=lambda g: decodes[g[0][0]].pages[0]) if saving >= min_saving else []
 
 
 @dataclass

@@ -50,8 +50,9 @@ def batched(engine, prompts):
     return [r.token_ids for r in engine.generate(prompts, GREEDY)]
 
 
-def test_batched_equals_one_by_one(make_engine, prompts, reference):
-    engine = make_engine(page_size=1, disable_radix_cache=True)
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_batched_equals_one_by_one(make_engine, prompts, reference, backend):
+    engine = make_engine(page_size=1, disable_radix_cache=True, attention_backend=backend)
     assert batched(engine, prompts) == reference
 
 
@@ -73,8 +74,9 @@ def test_page_size_16_equals_page_size_1(make_engine, prompts, reference):
     assert batched(engine, prompts) == reference
 
 
-def test_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, prompts, reference, monkeypatch):
-    # the prompts share ~60 tokens: too few for the production thresholds, so they are lowered
+def test_torch_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, prompts, reference,
+                                                                        monkeypatch):
+    # the prompts share ~60 tokens: too few for the torch backend's thresholds, so they are lowered
     # to make every group with a shared page attend to it once
     import radixserve.runtime.attention_torch as attention_torch
     monkeypatch.setattr(attention_torch, "MIN_SHARED_DECODE_SAVING", 1)
@@ -95,7 +97,7 @@ def test_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, 
         return of_groups(*args, layer_kv=layer_kv)
 
     monkeypatch.setattr(attention_torch.SharedPrefixes, "of_groups", staticmethod(recording_of_groups))
-    engine = make_engine(page_size=4)
+    engine = make_engine(page_size=4, attention_backend="torch")
     batched(engine, prompts[:1])        # caches the system prompt
     # requests end at different steps, so the groups change; the last two share a longer prefix
     lengths = [NEW_TOKENS, NEW_TOKENS] + [12 + 4 * i for i in range(len(prompts) - 2)]
@@ -104,6 +106,26 @@ def test_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, 
     assert outs == [ref[:n] for ref, n in zip(reference, lengths)]
     assert len({tuple(members) for members, _ in shared_groups}) > 1, "the groups never changed"
     assert max(kept_layers) == engine.model_config.num_layers, "no step reused the last step's prefix K/V"
+
+
+def test_cpu_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, prompts, reference,
+                                                                      monkeypatch):
+    import radixserve.runtime.attention_cpu as attention_cpu
+    plans = []   # the groups of each step's decode plan
+    plan_of = attention_cpu.DecodePlan.of
+
+    def recording_plan(page_rows, lens, groups, heads, dim):
+        plans.append([tuple(rows) for rows, _ in groups])
+        return plan_of(page_rows, lens, groups, heads, dim)
+
+    monkeypatch.setattr(attention_cpu.DecodePlan, "of", staticmethod(recording_plan))
+    engine = make_engine(page_size=4, attention_backend="cpu")
+    batched(engine, prompts[:1])        # caches the system prompt
+    lengths = [NEW_TOKENS, NEW_TOKENS] + [12 + 4 * i for i in range(len(prompts) - 2)]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+    outs = [r.token_ids for r in engine.generate(prompts, params)]
+    assert outs == [ref[:n] for ref, n in zip(reference, lengths)]
+    assert len({g for groups in plans for g in groups}) > 1, "no decode step shared a prefix, or the groups never changed"
 
 
 def test_prefills_after_one_cached_prefix_scored_together_equal_one_by_one(make_engine, prompts, reference,
