@@ -47,6 +47,7 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/ray_router.py --routers radix,radix-sticky,text,pow2
 	HF_HUB_OFFLINE=1 $(PY) bench/ray_router.py --routers radix,radix-sticky,text,pow2 --kv-cache-tokens 4096 --json bench/results/ray_router_4096.json
 	HF_HUB_OFFLINE=1 $(PY) bench/compare.py
+	HF_HUB_OFFLINE=1 $(PY) bench/single_stream.py
 
 # Opt-in, never part of `make test`: llama.cpp's server built from source (~5 minutes on 2 cores).
 bench-peers: setup

@@ -1,11 +1,13 @@
 """Lower bounds for a decode step of the default model on this machine, from its parts alone.
 
 A decode step must at least run every linear layer (and the LM head) on its batch and read the
-K/V of every context token once. This times the engine's own linear layers (`runtime/models/
-llama.py`: the 4-bit form at up to 8 tokens, oneDNN bf16 above) without anything else of a step,
-measures memory bandwidth and a large bf16 matmul, and adds them up for batch 1 / 8 / 32 at
-300 tokens of context (bench/offline.py's decode-step setting). Compare with the decode steps
-bench/offline.py measures. Writes bench/results/decode_floor.json.
+K/V of every request's context once. This times the engine's own linear layers, in the dtype the
+engine picks here (`runtime/models/llama.py`, bf16 on a CPU with AVX512-BF16 or AMX: the 4-bit
+form at up to 8 tokens, oneDNN bf16 above; float32 elsewhere), without anything else of a step,
+measures memory bandwidth and a large bf16 matmul, and adds them up for batch 1 / 8 / 32 at 300
+tokens of context (bench/offline.py's decode-step setting) and for the shapes of
+bench/single_stream.py: one request at ~130 and ~3,000 tokens, 8 requests at ~3,000. Compare with
+the decode steps bench/offline.py measures. Writes bench/results/decode_floor.json.
 
     .venv/bin/python bench/decode_floor.py
 """
@@ -24,10 +26,10 @@ import torch  # noqa: E402
 
 from radixserve.runtime.models.llama import LlamaForCausalLM  # noqa: E402
 from radixserve.runtime.models.loader import load_model_files  # noqa: E402
-from radixserve.runtime.platform import cpu_flags  # noqa: E402
+from radixserve.runtime.platform import cpu_flags, pick_dtype  # noqa: E402
 
-CONTEXT = 300
-BATCHES = (1, 8, 32)
+# (batch, tokens of context per request)
+SHAPES = ((1, 300), (8, 300), (32, 300), (1, 130), (1, 3000), (8, 3000))
 
 
 def median_s(fn, repeats: int, warmup: int = 3) -> float:
@@ -76,21 +78,25 @@ def kv_bytes(model: LlamaForCausalLM, batch: int, context: int) -> int:
 def main() -> None:
     torch.set_grad_enabled(False)
     files = load_model_files(None)
-    model = LlamaForCausalLM(files.config, files.weights, torch.bfloat16, torch.device("cpu"), files.int4)
+    dtype = pick_dtype("auto", torch.device("cpu"))
+    model = LlamaForCausalLM(files.config, files.weights, dtype, torch.device("cpu"), files.int4)
     flags = cpu_flags()
     report = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                          f"torch {torch.__version__}, {torch.get_num_threads()} threads",
               "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
-              "memory_gb_per_s": memory_gb_per_s(), "bf16_matmul_tflops_2048": bf16_matmul_tflops(),
-              "context": CONTEXT, "batches": {}}
-    print(json.dumps({k: v for k, v in report.items() if k != "batches"}, indent=1), flush=True)
-    for batch in BATCHES:
-        linear = linear_layers_ms(model, batch)
-        kv_ms = kv_bytes(model, batch, CONTEXT) / (report["memory_gb_per_s"]["read"] * 1e9) * 1e3
-        report["batches"][batch] = {"linear_layers_ms": linear, "kv_read_once_ms": kv_ms,
-                                    "floor_ms": linear + kv_ms}
-        print(f"batch {batch:2}: linear layers + LM head {linear:6.1f} ms, reading K/V once {kv_ms:5.1f} ms, "
-              f"floor {linear + kv_ms:6.1f} ms", flush=True)
+              "memory_gb_per_s": memory_gb_per_s(),
+              # without bf16 instructions a bf16 matmul is emulated: ~1 GFLOP/s, minutes at 2048^3
+              "bf16_matmul_tflops_2048": bf16_matmul_tflops() if dtype == torch.bfloat16 else None,
+              "dtype": str(dtype).removeprefix("torch."), "shapes": {}}
+    print(json.dumps({k: v for k, v in report.items() if k != "shapes"}, indent=1), flush=True)
+    linear = {batch: linear_layers_ms(model, batch) for batch in sorted({b for b, _ in SHAPES})}
+    for batch, context in SHAPES:
+        kv_ms = kv_bytes(model, batch, context) / (report["memory_gb_per_s"]["read"] * 1e9) * 1e3
+        report["shapes"][f"{batch}x{context}"] = {"batch": batch, "context": context,
+                                                  "linear_layers_ms": linear[batch], "kv_read_once_ms": kv_ms,
+                                                  "floor_ms": linear[batch] + kv_ms}
+        print(f"batch {batch:2} x {context:4} tokens: linear layers + LM head {linear[batch]:6.1f} ms, "
+              f"reading K/V once {kv_ms:5.1f} ms, floor {linear[batch] + kv_ms:6.1f} ms", flush=True)
     out = Path(__file__).parent / "results" / "decode_floor.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     print("wrote", out)

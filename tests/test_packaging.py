@@ -173,7 +173,7 @@ def test_wheel_installs_nothing_but_radixserve_at_top_level(wheel):
 def test_wheel_ships_every_module_of_the_package(wheel):
     names = set(wheel_names(wheel))
     for required in ("radixserve/__init__.py", "radixserve/runtime/engine.py", "radixserve/api/cli.py",
-                     "radixserve/kernels/bitmask.py"):
+                     "radixserve/kernels/bitmask.py", "radixserve/kernels/cpu_kernels.cpp"):
         assert required in names
     modules = ["__init__.py"] + [n for n in source_files() if n.endswith(".py") and n.split("/")[0] in PACKAGE_FOLDERS]
     assert any(m.startswith("runtime/models/") for m in modules)
