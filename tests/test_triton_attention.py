@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radixserve.kernels.triton_attention import num_decode_splits
-from radixserve.runtime.attention import TorchAttentionBackend, make_attention_backend, resolve_attention_backend
+from radixserve.runtime.attention import CpuAttentionBackend, make_attention_backend, resolve_attention_backend
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.kv_cache import KVCache
 from .triton_interpreter import needs_triton, run_check_under_interpreter
@@ -31,8 +31,8 @@ def test_engine_greedy_output_with_triton_backend_equals_torch_backend_under_int
     run_check_under_interpreter("triton_engine_check.py")
 
 
-def test_auto_backend_is_torch_on_cpu_and_triton_on_cuda():
-    assert resolve_attention_backend("auto", torch.device("cpu")) == "torch"
+def test_auto_backend_is_the_cpu_kernels_on_cpu_and_triton_on_cuda():
+    assert resolve_attention_backend("auto", torch.device("cpu")) == "cpu"
     assert resolve_attention_backend("auto", torch.device("cuda")) == "triton"
     assert resolve_attention_backend("torch", torch.device("cuda")) == "torch"
 
@@ -43,7 +43,7 @@ def test_triton_backend_refuses_cpu_tensors_outside_the_interpreter(monkeypatch)
     table = torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(ValueError, match="CUDA"):
         make_attention_backend("triton", kv, table, 1)
-    assert isinstance(make_attention_backend("auto", kv, table, 1), TorchAttentionBackend)
+    assert isinstance(make_attention_backend("auto", kv, table, 1), CpuAttentionBackend)
 
 
 def test_config_accepts_triton_backend_and_rejects_unknown():
