@@ -39,12 +39,12 @@ import serving  # noqa: E402
 @dataclass(frozen=True)
 class Cell:
     name: str
-    words: int          # prompt words (~1.3 tokens each with the chat template)
+    words: int          # prompt words (about a token each; the chat template adds ~40)
     concurrency: int
     requests: int
 
 
-CELLS = (Cell("short", 100, 1, 6), Cell("long", 2300, 1, 3), Cell("long", 2300, 8, 8), Cell("short", 100, 32, 64))
+CELLS = (Cell("short", 90, 1, 6), Cell("long", 2950, 1, 3), Cell("long", 2950, 8, 8), Cell("short", 90, 32, 64))
 
 
 def systems(venv_python: str) -> dict[str, compare.System]:
