@@ -77,10 +77,11 @@ def build(path: Path) -> None:
             os.unlink(tmp)
 
 
-# Tokens an item of decode attention covers for one query row (fewer per row for a group sharing a
-# prefix, so that its scores stay in cache): small enough that one long context is split across
-# every thread, large enough that an item's fixed work is noise.
+# Tokens an item of decode attention covers: few enough that one long context is split across
+# every thread, enough that an item's fixed work is noise. An item of a group sharing a prefix
+# scores every member's heads, and holds its scores (at most MAX_ITEM_SCORES) in cache.
 ITEM_TOKENS = 256
+MAX_ITEM_SCORES = 1 << 16
 
 
 @dataclass
@@ -106,7 +107,7 @@ class DecodePlan:
         slots_of: list[list[int]] = [[] for _ in page_rows]
 
         def add(page_row: int, start: int, end: int, rows: Sequence[int]) -> None:
-            step = max(1, ITEM_TOKENS // len(rows))
+            step = min(ITEM_TOKENS, max(16, MAX_ITEM_SCORES // (len(rows) * heads)))
             for s in range(start, end, step):
                 items.append((page_row, s, min(end, s + step), len(members), len(rows)))
                 for r in rows:

@@ -26,3 +26,21 @@ def test_int4_matmul_matches_bf16_matmul_on_real_weights(default_model_files):
     # both sides round to bf16 (weights or scales, and the output): about 2^-8 of the output scale
     for y in (lin(x).float(), torch.nn.functional.linear(x, w).float()):
         assert (y - ref).abs().max() / ref.abs().max() < 0.02
+
+
+def test_a_float32_model_runs_small_batches_on_the_int4_form_with_bf16_activations(default_model_files):
+    files = default_model_files
+    name = "model.layers.3.mlp.gate_proj.weight"
+    lin = get_platform(torch.device("cpu")).linear(files.weights[name], int4_parts=[files.int4[name]])
+    assert lin.int4 is not None
+    x = torch.randn(2, lin.weight.shape[1], generator=torch.Generator().manual_seed(0))
+    y, ref = lin(x), x @ files.weights[name].t()
+    assert y.dtype == torch.float32
+    assert (y - ref).abs().max() / ref.abs().max() < 0.02
+
+
+def test_float32_asked_for_by_name_keeps_the_dequantised_weights_everywhere(make_engine):
+    exact = make_engine(dtype="float32", kv_cache_tokens=1024)
+    assert all(layer.qkv.int4 is None and layer.down.int4 is None for layer in exact.model.layers)
+    default = make_engine(dtype="auto", kv_cache_tokens=1024)
+    assert all(layer.qkv.int4 is not None and layer.down.int4 is not None for layer in default.model.layers)
