@@ -74,6 +74,15 @@ def test_page_size_16_equals_page_size_1(make_engine, prompts, reference):
     assert batched(engine, prompts) == reference
 
 
+def assert_staggered_decodes_on_a_cached_prefix_equal_one_by_one(engine, prompts, reference) -> None:
+    batched(engine, prompts[:1])        # caches the system prompt
+    # requests end at different steps, so the groups change; the last two share a longer prefix
+    lengths = [NEW_TOKENS, NEW_TOKENS] + [12 + 4 * i for i in range(len(prompts) - 2)]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+    outs = [r.token_ids for r in engine.generate(prompts, params)]
+    assert outs == [ref[:n] for ref, n in zip(reference, lengths)]
+
+
 def test_torch_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engine, prompts, reference,
                                                                         monkeypatch):
     # the prompts share ~60 tokens: too few for the torch backend's thresholds, so they are lowered
@@ -98,12 +107,7 @@ def test_torch_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_en
 
     monkeypatch.setattr(attention_torch.SharedPrefixes, "of_groups", staticmethod(recording_of_groups))
     engine = make_engine(page_size=4, attention_backend="torch")
-    batched(engine, prompts[:1])        # caches the system prompt
-    # requests end at different steps, so the groups change; the last two share a longer prefix
-    lengths = [NEW_TOKENS, NEW_TOKENS] + [12 + 4 * i for i in range(len(prompts) - 2)]
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
-    outs = [r.token_ids for r in engine.generate(prompts, params)]
-    assert outs == [ref[:n] for ref, n in zip(reference, lengths)]
+    assert_staggered_decodes_on_a_cached_prefix_equal_one_by_one(engine, prompts, reference)
     assert len({tuple(members) for members, _ in shared_groups}) > 1, "the groups never changed"
     assert max(kept_layers) == engine.model_config.num_layers, "no step reused the last step's prefix K/V"
 
@@ -120,11 +124,7 @@ def test_cpu_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engi
 
     monkeypatch.setattr(attention_cpu.DecodePlan, "of", staticmethod(recording_plan))
     engine = make_engine(page_size=4, attention_backend="cpu")
-    batched(engine, prompts[:1])        # caches the system prompt
-    lengths = [NEW_TOKENS, NEW_TOKENS] + [12 + 4 * i for i in range(len(prompts) - 2)]
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
-    outs = [r.token_ids for r in engine.generate(prompts, params)]
-    assert outs == [ref[:n] for ref, n in zip(reference, lengths)]
+    assert_staggered_decodes_on_a_cached_prefix_equal_one_by_one(engine, prompts, reference)
     assert len({g for groups in plans for g in groups}) > 1, "no decode step shared a prefix, or the groups never changed"
 
 
