@@ -6,8 +6,8 @@ these kernels) and, at long contexts, gathering K/V rows into copies before atte
 These kernels fuse each group of small ops into one call and read K/V straight from the pages.
 
 `load()` returns the kernels, or None where no C++ compiler works (the torch paths then serve,
-with the same results up to float rounding). Build: `g++ -O3 -march=native -fopenmp`, about a
-second; the library lands in $RADIXSERVE_CACHE_DIR (default ~/.cache/radixserve), named by a
+with the same results up to float rounding). Build: `g++ -O3 -march=native -fopenmp`, about two
+seconds; the library lands in $RADIXSERVE_CACHE_DIR (default ~/.cache/radixserve), named by a
 hash of the source, the flags, the compiler and the CPU's flags, so that a machine with another
 CPU builds its own. Wrappers take tensors and check what the C side assumes (dtype, contiguity).
 """

@@ -26,6 +26,7 @@ class CpuAttentionMetadata(TorchAttentionMetadata):
 
 class CpuAttentionBackend(TorchAttentionBackend):
     metadata_type = CpuAttentionMetadata
+
     def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, kernels: CpuKernels):
         super().__init__(kv_cache, page_table, num_heads)
         self.kernels = kernels
