@@ -123,9 +123,9 @@ class CpuLinear(Linear):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.int4 is not None and x.shape[0] <= INT4_MAX_TOKENS:
             packed, group, scales_zeros = self.int4
-            # bf16 activations, also for a float32 model: with float32 ones the kernel runs ~8x
-            # slower on an AVX2 EPYC (all SmolLM2 layers at one token: 117 ms; bf16-cast: 14.8 ms,
-            # float32 F.linear: 35.9 ms)
+            # bf16 activations, also for a float32 model: with float32 ones this kernel ran ~8x
+            # slower on an AVX2-only EPYC, slower than float32 F.linear; cast, the layers and LM
+            # head at one token take 22.1 ms there (bench/decode_floor.py)
             y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, scales_zeros).to(x.dtype)
             return y if self.bias is None else y + self.bias
         if self.onednn is not None:

@@ -17,7 +17,8 @@ from radixserve.runtime.platform import Platform, get_platform
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], index: int, int4: dict, platform: Platform):
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], index: int, int4: dict, platform: Platform,
+                 ops):
         p = f"model.layers.{index}."
         a = p + "self_attn."
         q4 = lambda *names: [int4.get(n + ".weight") for n in names]  # noqa: E731
@@ -43,7 +44,7 @@ class DecoderLayer:
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.ops = platform.layer_ops()
+        self.ops = ops   # the model's one LayerOps
 
     def __call__(self, x: torch.Tensor, delta: Optional[torch.Tensor], rope_state, batch: ForwardBatch,
                  attn) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +77,7 @@ class LlamaForCausalLM:
         w = {k: t.to(device=device, dtype=dtype) for k, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
         self.ops = platform.layer_ops()
-        self.layers = [DecoderLayer(cfg, w, i, int4 or {}, platform) for i in range(cfg.num_layers)]
+        self.layers = [DecoderLayer(cfg, w, i, int4 or {}, platform, self.ops) for i in range(cfg.num_layers)]
         self.norm = w["model.norm.weight"].float()
         self.lm_head = platform.linear(self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in w
                               else w["lm_head.weight"])
