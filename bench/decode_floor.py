@@ -79,7 +79,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     files = load_model_files(None)
     dtype = pick_dtype("auto", torch.device("cpu"))
-    model = LlamaForCausalLM(files.config, files.weights, dtype, torch.device("cpu"), files.int4)
+    model = LlamaForCausalLM(files.config, files.weights, dtype, torch.device("cpu"), files.quantized)
     flags = cpu_flags()
     report = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                          f"torch {torch.__version__}, {torch.get_num_threads()} threads",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 log = logging.getLogger("radixserve.kernels")
@@ -62,14 +63,14 @@ def library_path() -> Path:
     return cache_dir() / f"cpu_kernels-{key}.so"
 
 
-def build(path: Path) -> None:
+def build(path: Path, flags: Sequence[str] = FLAGS) -> None:
     """Compile into `path`; concurrent builders (test workers) each write their own file and
     rename it into place, so that a reader never sees half a library."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        subprocess.run([_compiler(), *FLAGS, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True,
+        subprocess.run([_compiler(), *flags, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True,
                        timeout=300)
         os.replace(tmp, path)
     finally:
@@ -133,6 +134,55 @@ class DecodePlan:
                    max_scores=max((end - start) * n * heads for _, start, end, _, n in items))
 
 
+QBLOCK = 32   # weights per block of a block-quantized row
+
+
+@dataclass
+class BlockWeight:
+    """A weight [rows, cols] in the block-quantized form `block_linear` reads: per block of 32
+    along a row, w = q * scale + zero, q 4-bit (kind "q4": 16 bytes a block, byte j holding q[j]
+    low and q[j + 16] high) or int8 (kind "q8", zero None)."""
+    kind: str
+    q: torch.Tensor               # uint8 [rows, blocks * bytes]
+    scale: torch.Tensor           # float32 [rows, blocks]
+    zero: Optional[torch.Tensor]  # float32 [rows, blocks] or None
+    rows: int
+    cols: int
+
+    def __post_init__(self):
+        # a linear layer runs ~120 times a decode step: its pointers once, not each call
+        self.pointers = (self.q.data_ptr(), self.scale.data_ptr(), None if self.zero is None else self.zero.data_ptr())
+
+    @classmethod
+    def q4(cls, q, scale, zero) -> "BlockWeight":
+        """From q in 0..15 [rows, cols] (uint8) with w = q * scale + zero per block."""
+        rows, cols = q.shape
+        halves = torch.as_tensor(q).to(torch.uint8).reshape(rows, cols // QBLOCK, 2, QBLOCK // 2)
+        packed = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, cols // 2)
+        return cls("q4", packed.contiguous(), _f32(scale), _f32(zero), rows, cols)
+
+    @classmethod
+    def q8(cls, q, scale) -> "BlockWeight":
+        """From q int8 [rows, cols] with w = q * scale per block."""
+        q = torch.as_tensor(q)
+        return cls("q8", q.view(torch.uint8).contiguous(), _f32(scale), None, *q.shape)
+
+    @classmethod
+    def of(cls, parts: Sequence) -> "BlockWeight":
+        """The row blocks `parts` (Int4Weights or Int8Weights of runtime/models/loader.py, of
+        blocks of 32), stacked along the output dim."""
+        cat = lambda field: np.concatenate([getattr(p, field) for p in parts])  # noqa: E731
+        if hasattr(parts[0], "zero"):   # w = (q - 8) * scale + zero
+            assert all(p.group == QBLOCK for p in parts)
+            scale = cat("scale")
+            return cls.q4(torch.from_numpy(cat("q")), scale, cat("zero") - 8 * scale)
+        return cls.q8(torch.from_numpy(cat("q")), cat("scale"))
+
+
+def _f32(a) -> torch.Tensor:
+    return torch.as_tensor(a).to(torch.float32).contiguous()
+
+
 class CpuKernels:
     """Typed entry points of the built library."""
 
@@ -152,6 +202,10 @@ class CpuKernels:
                 fn = getattr(lib, f"rs_{name}_{suffix}")
                 fn.argtypes, fn.restype = args, None
                 self._fns[name, suffix] = fn
+        for kind in ("q4", "q8"):
+            fn = getattr(lib, f"rs_{kind}_linear")
+            fn.argtypes, fn.restype = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr], None
+            self._fns[kind] = fn
 
     def fn(self, name: str, dtype: torch.dtype):
         return self._fns[name, SUFFIX[dtype]]
@@ -204,6 +258,13 @@ class CpuKernels:
             table.stride(0), page_size, plan.items.data_ptr(), plan.items.shape[0], plan.members.data_ptr(),
             plan.slot_start.data_ptr(), plan.slots.data_ptr(), b, plan.partials.data_ptr(), heads, kv_heads, dim,
             scale, plan.max_members, plan.max_scores)
+        return out
+
+    def block_linear(self, x: torch.Tensor, w: "BlockWeight") -> torch.Tensor:
+        """x [T, cols] float32 times the block-quantized weight [rows, cols]^T -> float32 [T, rows]."""
+        assert x.dtype == torch.float32 and x.is_contiguous() and x.shape[1] == w.cols
+        out = torch.empty(x.shape[0], w.rows)
+        self._fns[w.kind](x.data_ptr(), x.shape[0], w.cols, *w.pointers, w.rows, out.data_ptr())
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:

@@ -58,9 +58,10 @@ class Platform:
         """Process-wide settings, before the engine thread starts."""
 
     def linear(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-               int4_parts: Optional[Sequence] = None) -> Linear:
-        """The fastest form of one linear layer here; `int4_parts`: the exact 4-bit forms of the
-        weight's row blocks (from Q4 GGUF files), where this device has a kernel for them."""
+               quantized_parts: Optional[Sequence] = None) -> Linear:
+        """The fastest form of one linear layer here; `quantized_parts`: the exact block-quantized
+        forms of the weight's row blocks (runtime/models/loader.py, from GGUF files), where this
+        device has kernels for them."""
         return Linear(weight, bias)
 
     def warm_up_kernels(self, vocab_size: int) -> None:
@@ -105,28 +106,36 @@ class CudaPlatform(Platform):
 
 
 # At up to this many tokens a step is bound by reading weights, and the 4-bit form reads 4x fewer
-# bytes (measured here: 3.5 ms vs 16.6 ms for all SmolLM2 layers at one token); above it, bf16 wins.
-INT4_MAX_TOKENS = 8
+# bytes (measured on an AVX512-BF16 EPYC: 3.5 ms vs 16.6 ms for all SmolLM2 layers at one token);
+# above it, bf16 wins.
+QUANTIZED_MAX_TOKENS = 8
 
 
 class CpuLinear(Linear):
-    """Chooses per call the weight form that is fastest for the batch size."""
+    """Chooses per call the weight form that is fastest for the batch size: at most
+    QUANTIZED_MAX_TOKENS rows run on a quantized form where there is one, either torch's int4
+    kernel (bf16 activations) or the block kernels of kernels/cpu_kernels.cpp (float32 ones)."""
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, int4=None,
-                 onednn: bool = False):
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, int4=None, blocks=None,
+                 kernels=None, onednn: bool = False):
         super().__init__(weight, bias)
         self.int4 = int4  # (packed weight, group size, scales and zeros) or None
+        self.blocks, self.kernels = blocks, kernels  # a cpu_kernels.BlockWeight or None
         # oneDNN's blocked bf16 weight layout, packed once, is ~1.4x faster than F.linear at 16-256
         # tokens (measured on this model's shapes) and gives identical results
         self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight, None) if onednn else None
 
+    @property
+    def quantized(self) -> bool:
+        return self.int4 is not None or self.blocks is not None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int4 is not None and x.shape[0] <= INT4_MAX_TOKENS:
-            packed, group, scales_zeros = self.int4
-            # bf16 activations, also for a float32 model: with float32 ones this kernel ran ~8x
-            # slower on an AVX2-only EPYC, slower than float32 F.linear; cast, the layers and LM
-            # head at one token take 22.1 ms there (bench/decode_floor.py)
-            y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, scales_zeros).to(x.dtype)
+        if self.quantized and x.shape[0] <= QUANTIZED_MAX_TOKENS:
+            if self.blocks is not None:
+                y = self.kernels.block_linear(x.float().contiguous(), self.blocks).to(x.dtype)
+            else:
+                packed, group, scales_zeros = self.int4
+                y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, scales_zeros).to(x.dtype)
             return y if self.bias is None else y + self.bias
         if self.onednn is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.onednn, self.bias, "none", [], "")
@@ -193,12 +202,24 @@ class CpuPlatform(Platform):
         retain_freed_memory()
 
     def linear(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-               int4_parts: Optional[Sequence] = None) -> Linear:
+               quantized_parts: Optional[Sequence] = None) -> Linear:
+        from radixserve.kernels.cpu_kernels import BlockWeight
+        from radixserve.runtime.models.loader import Int4Weight
         bf16 = weight.dtype == torch.bfloat16
-        int4 = None
-        if weight.dtype in (torch.bfloat16, torch.float32) and int4_parts and all(p is not None for p in int4_parts):
-            int4 = pack_int4(int4_parts)
-        return CpuLinear(weight, bias, int4, onednn=bf16 and self.onednn_bf16)
+        onednn = bf16 and self.onednn_bf16
+        parts = list(quantized_parts or [])
+        kernels = self.kernels()
+        kinds = {type(p) for p in parts}
+        if weight.dtype not in (torch.bfloat16, torch.float32) or len(kinds) != 1 or None in parts:
+            return CpuLinear(weight, bias, onednn=onednn)
+        # a bf16 model's 4-bit weights: torch's int4 kernel takes its bf16 activations as they are
+        # (3.5 ms for all layers at one token on an AVX512-BF16 EPYC); float32 activations, and
+        # 8-bit weights, take the block kernels
+        if kinds == {Int4Weight} and (bf16 or kernels is None):
+            return CpuLinear(weight, bias, int4=pack_int4(parts), onednn=onednn)
+        if kernels is None:
+            return CpuLinear(weight, bias, onednn=onednn)
+        return CpuLinear(weight, bias, blocks=BlockWeight.of(parts), kernels=kernels, onednn=onednn)
 
     def warm_up_kernels(self, vocab_size: int) -> None:
         # the token-bitmask kernel compiles on the engine thread, whose OpenMP team it then uses

@@ -10,7 +10,7 @@ import torch
 
 from radixserve.runtime.models.gguf_file import GGUFTensor, read_gguf
 from radixserve.runtime.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
-from radixserve.runtime.models.loader import Int4Weight, ModelFiles, ModelLoadError
+from radixserve.runtime.models.loader import Int4Weight, Int8Weight, ModelFiles, ModelLoadError
 from radixserve.runtime.tokenizer import Tokenizer
 
 _LAYER_NAMES = {
@@ -51,6 +51,20 @@ def int4_from_blocks(data: np.ndarray, kind: str, rows: int, cols: int) -> Int4W
     return Int4Weight(q.astype(np.uint8), d, zero, 32)
 
 
+def int8_from_blocks(data: np.ndarray, rows: int, cols: int) -> Int8Weight:
+    """Q8_0 blocks of 32 -> (q, scale) with w = q * scale, exactly."""
+    b = np.ascontiguousarray(data).reshape(rows, cols // 32, 34)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    return Int8Weight(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(rows, cols), d)
+
+
+def quantized_form(t: GGUFTensor, rows: int, cols: int) -> Int4Weight | Int8Weight | None:
+    kind = t.tensor_type.name
+    if kind in ("Q4_0", "Q4_1"):
+        return int4_from_blocks(t.data, kind, rows, cols)
+    return int8_from_blocks(t.data, rows, cols) if kind == "Q8_0" else None
+
+
 def dequantize(t: GGUFTensor) -> np.ndarray:
     """float32, rows x cols. The types the default model uses in numpy (whole-array ops); the rest
     through the gguf package's per-block loops."""
@@ -61,10 +75,9 @@ def dequantize(t: GGUFTensor) -> np.ndarray:
         groups = q4.q.reshape(rows, cols // 32, 32).astype(np.float32) - 8.0
         return (groups * q4.scale[..., None] + q4.zero[..., None]).reshape(rows, cols)
     if kind == "Q8_0" and t.data.ndim == 2:
-        rows, cols = t.data.shape[0], t.shape[0]
-        b = np.ascontiguousarray(t.data).reshape(rows, cols // 32, 34)
-        d = b[..., 0:2].copy().view(np.float16).astype(np.float32)  # rows x blocks x 1
-        return (b[..., 2:].view(np.int8).astype(np.float32) * d).reshape(rows, cols)
+        q8 = int8_from_blocks(t.data, t.data.shape[0], t.shape[0])
+        rows, cols = q8.q.shape
+        return (q8.q.reshape(rows, cols // 32, 32).astype(np.float32) * q8.scale[..., None]).reshape(rows, cols)
     if kind in ("F32", "F16"):
         return t.data.astype(np.float32)
     from gguf.quants import dequantize as gguf_dequantize
@@ -107,7 +120,7 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
         factors = dequantize(tensors["rope_freqs.weight"])
         config.rope_scaling = {"rope_type": "factors", "factors": np.asarray(factors).reshape(-1).tolist()}
     weights: dict[str, torch.Tensor] = {}
-    int4: dict[str, Int4Weight] = {}
+    quantized: dict[str, Int4Weight | Int8Weight] = {}
     try:
         for gname, t in (tensors.items() if with_weights else ()):
             hname = hf_name(gname)
@@ -115,9 +128,7 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
                 continue
             w = dequantize(t)
             w = w.reshape([int(d) for d in reversed(t.shape)])
-            q4 = None
-            if t.tensor_type.name in ("Q4_0", "Q4_1") and w.ndim == 2:
-                q4 = int4_from_blocks(t.data, t.tensor_type.name, *w.shape)
+            q = quantized_form(t, *w.shape) if w.ndim == 2 else None
             heads = None
             if config.model_type in ("llama", "mistral"):
                 if gname.endswith("attn_q.weight") or gname.endswith("attn_q.bias"):
@@ -126,11 +137,13 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
                     heads = config.num_kv_heads
             if heads:
                 w = unpermute_rope(w, heads)
-                if q4 is not None:
-                    q4 = Int4Weight(*(unpermute_rope(a, heads) for a in (q4.q, q4.scale, q4.zero)), q4.group)
+                if isinstance(q, Int4Weight):
+                    q = Int4Weight(*(unpermute_rope(a, heads) for a in (q.q, q.scale, q.zero)), q.group)
+                elif isinstance(q, Int8Weight):
+                    q = Int8Weight(*(unpermute_rope(a, heads) for a in (q.q, q.scale)))
             weights[hname] = torch.from_numpy(w if w.flags.writeable else w.copy())
-            if q4 is not None:
-                int4[hname] = q4
+            if q is not None:
+                quantized[hname] = q
     except (ValueError, NotImplementedError) as e:
         raise ModelLoadError(f"cannot dequantise {path.name}: {e}") from None
-    return ModelFiles(name, config, weights, Tokenizer.from_gguf_fields(fields), int4)
+    return ModelFiles(name, config, weights, Tokenizer.from_gguf_fields(fields), quantized)

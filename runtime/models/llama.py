@@ -17,24 +17,24 @@ from radixserve.runtime.platform import Platform, get_platform
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], index: int, int4: dict, platform: Platform,
-                 ops):
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], index: int, quantized: dict,
+                 platform: Platform, ops):
         p = f"model.layers.{index}."
         a = p + "self_attn."
-        q4 = lambda *names: [int4.get(n + ".weight") for n in names]  # noqa: E731
+        q = lambda *names: [quantized.get(n + ".weight") for n in names]  # noqa: E731
         linear = platform.linear
         qkv_w = torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]])
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
-        self.qkv = linear(qkv_w, qkv_b, q4(a + "q_proj", a + "k_proj", a + "v_proj"))
-        self.o = linear(w[a + "o_proj.weight"], w.get(a + "o_proj.bias"), q4(a + "o_proj"))
+        self.qkv = linear(qkv_w, qkv_b, q(a + "q_proj", a + "k_proj", a + "v_proj"))
+        self.o = linear(w[a + "o_proj.weight"], w.get(a + "o_proj.bias"), q(a + "o_proj"))
         self.q_norm = w[a + "q_norm.weight"] if cfg.qk_norm else None
         self.k_norm = w[a + "k_norm.weight"] if cfg.qk_norm else None
         m = p + "mlp."
         self.gate_up = linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]),
-                              int4_parts=q4(m + "gate_proj", m + "up_proj"))
-        self.down = linear(w[m + "down_proj.weight"], int4_parts=q4(m + "down_proj"))
+                              quantized_parts=q(m + "gate_proj", m + "up_proj"))
+        self.down = linear(w[m + "down_proj.weight"], quantized_parts=q(m + "down_proj"))
         # norms run on the float32 residual stream: bf16 cannot carry this family's outlier activations
         self.input_norm = w[p + "input_layernorm.weight"].float()
         self.post_attn_norm = w[p + "post_attention_layernorm.weight"].float()
@@ -68,19 +68,20 @@ class DecoderLayer:
 
 class LlamaForCausalLM:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device, int4: dict | None = None):
-        """`int4`: exact 4-bit forms of some weights (from Q4 GGUF files), which the device's
-        platform may use in place of the dequantised weights."""
+                 device: torch.device, quantized: dict | None = None):
+        """`quantized`: exact block-quantized forms of some weights (from GGUF files), which the
+        device's platform may use in place of the dequantised weights."""
         self.cfg = cfg
         self.dtype, self.device = dtype, device
         platform = get_platform(device)
         w = {k: t.to(device=device, dtype=dtype) for k, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
         self.ops = platform.layer_ops()
-        self.layers = [DecoderLayer(cfg, w, i, int4 or {}, platform, self.ops) for i in range(cfg.num_layers)]
+        quantized = quantized or {}
+        self.layers = [DecoderLayer(cfg, w, i, quantized, platform, self.ops) for i in range(cfg.num_layers)]
         self.norm = w["model.norm.weight"].float()
-        self.lm_head = platform.linear(self.embed if cfg.tie_word_embeddings or "lm_head.weight" not in w
-                              else w["lm_head.weight"])
+        head = "model.embed_tokens.weight" if cfg.tie_word_embeddings or "lm_head.weight" not in w else "lm_head.weight"
+        self.lm_head = platform.linear(w[head], quantized_parts=[quantized.get(head)])
         self.cos, self.sin = cos_sin_table(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                                            cfg.max_context_len, dtype, device)
 

@@ -32,12 +32,20 @@ class Int4Weight:
 
 
 @dataclass
+class Int8Weight:
+    """An 8-bit weight in blocks of 32 along the input dim (GGUF's Q8_0): w = q * scale."""
+    q: np.ndarray       # [out, in] int8
+    scale: np.ndarray   # [out, in / 32] float32
+
+
+@dataclass
 class ModelFiles:
     name: str
     config: ModelConfig
     weights: dict[str, torch.Tensor]   # Hugging Face parameter names, float tensors on CPU
     tokenizer: Tokenizer
-    int4: dict[str, Int4Weight] = field(default_factory=dict)  # exact 4-bit form of Q4_0/Q4_1 GGUF weights
+    # the exact block-quantized forms of a GGUF file's Q4_0 / Q4_1 / Q8_0 weights
+    quantized: dict[str, Int4Weight | Int8Weight] = field(default_factory=dict)
 
 
 def default_model_path() -> Path:
