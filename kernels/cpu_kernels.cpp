@@ -135,11 +135,185 @@ void write_kv(T* k_cache, T* v_cache, const int64_t* slots, const T* k, int64_t 
   }
 }
 
-inline float dot(const float* a, const float* b, int64_t d) {
-  float s = 0.f;
+// The two passes of an item over its tokens, for a tile of queries reading the same KV head
+// (q: float32 [d], times the softmax scale in base 2; rows[j]: token j's K or V row of that head):
+//   scores[i][j] = dot(q[i], K_j)             tile_scores
+//   out[i][e] = sum_j weights[i][j] * V_j[e]  tile_values
+// Vectorised where the head dim is a multiple of 8; the portable loops otherwise.
+#if defined(__AVX2__) && defined(__FMA__)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// exp2_fast on eight lanes (the same polynomial, with fused multiply-adds)
+inline __m256 exp2_8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(127.0f));
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.525273380405984e-05f);
+  for (float c : {1.5403530393381606e-04f, 1.3333558146428443e-03f, 9.618129107628477e-03f, 5.550410866482158e-02f,
+                  2.402265069591007e-01f, 6.931471805599453e-01f, 1.0f})
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// s[j] = 2^(s[j] - max s); returns (max, sum)
+inline void softmax_weights(float* s, int64_t n, float* top_out, float* sum_out) {
+  __m256 m8 = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  float top = std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_movehdup_ps(m4)));
+  for (; j < n; ++j) top = std::max(top, s[j]);
+  const __m256 t8 = _mm256_set1_ps(top);
+  __m256 sum8 = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= n; j += 8) {
+    const __m256 e = exp2_8(_mm256_sub_ps(_mm256_loadu_ps(s + j), t8));
+    _mm256_storeu_ps(s + j, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  float sum = hsum(sum8);
+  for (; j < n; ++j) sum += (s[j] = exp2_fast(s[j] - top));
+  *top_out = top;
+  *sum_out = sum;
+}
+
+// NV vectors of the head dim from offset c: q stays in registers, four tokens' dots at a time
+// (one reduction for all four: a dot a token would spend more on its horizontal sum than on it)
+// Calls f(std::integral_constant<int, v>) for a runtime v in 1..8: the tiles below keep their
+// sums in registers, which needs their sizes known when compiled
+template <class F>
+inline void with_size(int64_t v, F f) {
+  switch (v) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+// A tile is QT (<= 4) queries that read the same K/V rows: the heads of a KV head group, of one
+// or more members. Each row is loaded once for all of them (a head at a time would read each
+// row group-size times, from L2: the reads, not the multiply-adds, bounded that version).
+//   scores[i][j] (+)= dot(q[i][c..], K_j[c..]) over NV vectors from offset c
+template <class T, int QT, int NV>
+void scores_tile(const float* const* q, const T* const* rows, int64_t n, int64_t c, bool first,
+                 float* const* scores) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T* r = rows[j] + c;
+    __m256 acc[4];
+    for (int i = 0; i < 4; ++i) acc[i] = _mm256_setzero_ps();
+    for (int v = 0; v < NV; ++v) {
+      const __m256 k = load8(r + 8 * v);
+      for (int i = 0; i < QT; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[i] + c + 8 * v), k, acc[i]);
+    }
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+    float sums[4];
+    _mm_storeu_ps(sums, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    for (int i = 0; i < QT; ++i) scores[i][j] = first ? sums[i] : scores[i][j] + sums[i];
+  }
+}
+
+//   out[i][c..] = sum_j weights[i][j] * V_j[c..] over NV vectors from offset c
+template <class T, int QT, int NV>
+void values_tile(const float* const* weights, const T* const* rows, int64_t n, int64_t c, float* const* out) {
+  __m256 acc[QT][NV];
+  for (int i = 0; i < QT; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const T* r = rows[j] + c;
+    __m256 w[QT];
+    for (int i = 0; i < QT; ++i) w[i] = _mm256_broadcast_ss(weights[i] + j);
+    for (int v = 0; v < NV; ++v) {
+      const __m256 x = load8(r + 8 * v);
+      for (int i = 0; i < QT; ++i) acc[i][v] = _mm256_fmadd_ps(w[i], x, acc[i][v]);
+    }
+  }
+  for (int i = 0; i < QT; ++i)
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out[i] + c + 8 * v, acc[i][v]);
+}
+
+template <class T>
+bool tile_scores_vector(int64_t qt, const float* const* q, const T* const* rows, int64_t n, int64_t d,
+                        float* const* scores) {
+  if (d % 8 != 0) return false;
+  with_size(qt, [&](auto qt_c) {
+    for (int64_t c = 0; c < d; c += 64)
+      with_size(std::min<int64_t>(8, (d - c) / 8), [&](auto nv) {
+        scores_tile<T, decltype(qt_c)::value, decltype(nv)::value>(q, rows, n, c, c == 0, scores);
+      });
+  });
+  return true;
+}
+
+template <class T>
+bool tile_values_vector(int64_t qt, const float* const* weights, const T* const* rows, int64_t n, int64_t d,
+                        float* const* out) {
+  if (d % 8 != 0) return false;
+  with_size(qt, [&](auto qt_c) {
+    constexpr int QT = decltype(qt_c)::value, CHUNK = QT == 1 ? 8 : QT == 2 ? 4 : 2;  // QT * CHUNK sums
+    for (int64_t c = 0; c < d; c += 8 * CHUNK)
+      with_size(std::min<int64_t>(CHUNK, (d - c) / 8), [&](auto nv) {
+        values_tile<T, QT, decltype(nv)::value>(weights, rows, n, c, out);
+      });
+  });
+  return true;
+}
+#else
+template <class T>
+bool tile_scores_vector(int64_t, const float* const*, const T* const*, int64_t, int64_t, float* const*) {
+  return false;
+}
+template <class T>
+bool tile_values_vector(int64_t, const float* const*, const T* const*, int64_t, int64_t, float* const*) {
+  return false;
+}
+inline void softmax_weights(float* s, int64_t n, float* top_out, float* sum_out) {
+  float top = s[0];
+  for (int64_t j = 1; j < n; ++j) top = std::max(top, s[j]);
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) sum += (s[j] = exp2_fast(s[j] - top));
+  *top_out = top;
+  *sum_out = sum;
+}
+#endif
+
+template <class T>
+void tile_scores(int64_t qt, const float* const* q, const T* const* rows, int64_t n, int64_t d, float* const* scores) {
+  if (tile_scores_vector(qt, q, rows, n, d, scores)) return;
+  for (int64_t i = 0; i < qt; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      float s = 0.f;
 #pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < d; ++i) s = std::fma(a[i], b[i], s);
-  return s;
+      for (int64_t e = 0; e < d; ++e) s = std::fma(q[i][e], to_f(rows[j][e]), s);
+      scores[i][j] = s;
+    }
+}
+
+template <class T>
+void tile_values(int64_t qt, const float* const* weights, const T* const* rows, int64_t n, int64_t d,
+                 float* const* out) {
+  if (tile_values_vector(qt, weights, rows, n, d, out)) return;
+  for (int64_t i = 0; i < qt; ++i) {
+    std::fill(out[i], out[i] + d, 0.f);
+    for (int64_t j = 0; j < n; ++j)
+#pragma omp simd
+      for (int64_t e = 0; e < d; ++e) out[i][e] = std::fma(weights[i][j], to_f(rows[j][e]), out[i][e]);
+  }
 }
 
 // Decode attention read straight from the KV pages, planned by runtime/attention_cpu.py:
@@ -160,11 +334,14 @@ void decode_attention(const T* q, int64_t q_stride, T* out, const T* k_cache, co
                       int64_t max_members, int64_t max_scores) {
   const int64_t group = heads / kv_heads, width = kv_heads * d, pw = d + 2;
   const float scale2 = scale * LOG2_E;
+  int64_t max_tokens = 0;
+  for (int64_t it = 0; it < n_items; ++it) max_tokens = std::max<int64_t>(max_tokens, items[it * 5 + 2] - items[it * 5 + 1]);
 #pragma omp parallel if (n_items > 1)
   {
-    float* scores = static_cast<float*>(std::malloc(sizeof(float) * (max_scores + max_members * heads * d + d)));
+    float* scores = static_cast<float*>(std::malloc(sizeof(float) * (max_scores + max_members * heads * d)));
     float* qf = scores + max_scores;
-    float* row = qf + max_members * heads * d;
+    const T** k_rows = static_cast<const T**>(std::malloc(sizeof(T*) * 2 * (max_tokens + 1)));
+    const T** v_rows = k_rows + max_tokens + 1;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
       const int32_t* item = items + it * 5;
@@ -172,50 +349,34 @@ void decode_attention(const T* q, int64_t q_stride, T* out, const T* k_cache, co
       const int64_t start = item[1], end = item[2], n = end - start, m0 = item[3], nm = item[4];
       for (int64_t m = 0; m < nm; ++m) {
         const T* qm = q + int64_t(members[m0 + m]) * q_stride;
-        for (int64_t i = 0; i < heads * d; ++i) qf[m * heads * d + i] = to_f(qm[i]);
+        for (int64_t i = 0; i < heads * d; ++i) qf[m * heads * d + i] = to_f(qm[i]) * scale2;
       }
-      for (int64_t t = start; t < end; ++t) {
-        const T* kt = k_cache + (pages[t / page_size] * page_size + t % page_size) * width;
-        for (int64_t g = 0; g < kv_heads; ++g) {
-#pragma omp simd
-          for (int64_t i = 0; i < d; ++i) row[i] = to_f(kt[g * d + i]);
-          for (int64_t m = 0; m < nm; ++m)
-            for (int64_t h = g * group; h < (g + 1) * group; ++h)
-              scores[(m * heads + h) * n + (t - start)] = dot(qf + (m * heads + h) * d, row, d) * scale2;
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t t = start + j, slot = pages[t / page_size] * page_size + t % page_size;
+          k_rows[j] = k_cache + slot * width + g * d;
+          v_rows[j] = v_cache + slot * width + g * d;
         }
-      }
-      for (int64_t mh = 0; mh < nm * heads; ++mh) {
-        float* s = scores + mh * n;
-        float top = s[0];
-        for (int64_t t = 1; t < n; ++t) top = std::max(top, s[t]);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < n; ++t) {
-          s[t] = exp2_fast(s[t] - top);
-          sum += s[t];
-        }
-        float* part = partials + ((m0 + mh / heads) * heads + mh % heads) * pw;
-        std::fill(part, part + d, 0.f);
-        part[d] = top;
-        part[d + 1] = sum;
-      }
-      for (int64_t t = start; t < end; ++t) {
-        const T* vt = v_cache + (pages[t / page_size] * page_size + t % page_size) * width;
-        for (int64_t g = 0; g < kv_heads; ++g) {
-#pragma omp simd
-          for (int64_t i = 0; i < d; ++i) row[i] = to_f(vt[g * d + i]);
-          for (int64_t m = 0; m < nm; ++m) {
-            float* base = partials + (m0 + m) * heads * pw;
-            for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-              const float p = scores[(m * heads + h) * n + (t - start)];
-              float* acc = base + h * pw;
-#pragma omp simd
-              for (int64_t i = 0; i < d; ++i) acc[i] = std::fma(p, row[i], acc[i]);
-            }
+        // the queries reading this KV head: every member's heads of its group, in tiles of four
+        const int64_t nq = nm * group;
+        for (int64_t i0 = 0; i0 < nq; i0 += 4) {
+          const int64_t qt = std::min<int64_t>(4, nq - i0);
+          const float* qs[4];
+          float* ss[4];
+          float* parts[4];
+          for (int64_t i = 0; i < qt; ++i) {
+            const int64_t m = (i0 + i) / group, h = g * group + (i0 + i) % group;
+            qs[i] = qf + (m * heads + h) * d;
+            ss[i] = scores + (m * heads + h) * n;
+            parts[i] = partials + ((m0 + m) * heads + h) * pw;
           }
+          tile_scores(qt, qs, k_rows, n, d, ss);
+          for (int64_t i = 0; i < qt; ++i) softmax_weights(ss[i], n, parts[i] + d, parts[i] + d + 1);
+          tile_values(qt, const_cast<const float* const*>(ss), v_rows, n, d, parts);
         }
       }
     }
+    std::free(k_rows);
     std::free(scores);
   }
 #pragma omp parallel for if (rows * heads >= 64)
@@ -258,11 +419,6 @@ struct Q8 {
 };
 
 #if defined(__AVX2__) && defined(__FMA__)
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
 // a block's 32 weights as two vectors of 16 int16
 inline void widen(const Q4&, const uint8_t* p, __m256i w[2]) {
   // each byte to 16 bits first: then the high nibble needs only the shift
@@ -329,6 +485,7 @@ inline void tile(const uint8_t* q, const float* scale, int64_t nb, const int16_t
 template <class K>
 void block_linear(const float* x, int64_t n, int64_t cols, const uint8_t* q, const float* scale,
                   const float* zero, int64_t rows, float* out) {
+  if (n == 0) return;
   const int64_t nb = cols / QBLOCK;
   int16_t* xq = static_cast<int16_t*>(std::malloc(sizeof(int16_t) * n * cols + sizeof(float) * 2 * n * nb + 64));
   float* xscale = reinterpret_cast<float*>(xq + n * cols + 32);
@@ -368,7 +525,7 @@ void block_linear(const float* x, int64_t n, int64_t cols, const uint8_t* q, con
   using I2 = std::integral_constant<int, 2>;
   using I3 = std::integral_constant<int, 3>;
   using I4 = std::integral_constant<int, 4>;
-  const int64_t pairs = n <= 2 ? rows / 2 : 0;
+  const int64_t pairs = n == 1 || n == 2 ? rows / 2 : 0;
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < pairs; ++p) {
     if (n == 1) run(2 * p, 0, tile<K, 2, 1>, I2{}, I1{});

@@ -211,3 +211,9 @@ def test_block_linear_without_avx2_matches_the_vector_path(kind, tmp_path):
     w, _ = random_block_weight(kind, 37, 96, 1)
     x = torch.randn(6, 96, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(portable.block_linear(x, w), KERNELS.block_linear(x, w), rtol=1e-5, atol=1e-6)
+
+
+def test_block_linear_of_no_rows_is_empty():
+    """A prefill chunk that samples no row asks the LM head for zero rows."""
+    w, _ = random_block_weight("q8", 64, 64, 0)
+    assert KERNELS.block_linear(torch.zeros(0, 64), w).shape == (0, 64)
