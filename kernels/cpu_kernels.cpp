@@ -213,18 +213,34 @@ inline void with_size(int64_t v, F f) {
 template <class T, int QT, int NV>
 void scores_tile(const float* const* q, const T* const* rows, int64_t n, int64_t c, bool first,
                  float* const* scores) {
-  for (int64_t j = 0; j < n; ++j) {
-    const T* r = rows[j] + c;
-    __m256 acc[4];
-    for (int i = 0; i < 4; ++i) acc[i] = _mm256_setzero_ps();
+  // the queries' vectors side by side (one base address), zero past QT: two tokens' four sums
+  // each reduce in one tree
+  alignas(32) float qb[4][NV * 8];
+  for (int i = 0; i < 4; ++i)
+    for (int e = 0; e < NV * 8; ++e) qb[i][e] = i < QT ? q[i][c + e] : 0.f;
+  for (int64_t j = 0; j < n; j += 2) {
+    const T* r0 = rows[j] + c;
+    const T* r1 = rows[std::min(j + 1, n - 1)] + c;
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
     for (int v = 0; v < NV; ++v) {
-      const __m256 k = load8(r + 8 * v);
-      for (int i = 0; i < QT; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[i] + c + 8 * v), k, acc[i]);
+      const __m256 k0 = load8(r0 + 8 * v), k1 = load8(r1 + 8 * v);
+      for (int i = 0; i < QT; ++i) {
+        const __m256 qv = _mm256_load_ps(qb[i] + 8 * v);
+        a[i] = _mm256_fmadd_ps(qv, k0, a[i]);
+        a[4 + i] = _mm256_fmadd_ps(qv, k1, a[4 + i]);
+      }
     }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-    float sums[4];
-    _mm_storeu_ps(sums, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-    for (int i = 0; i < QT; ++i) scores[i][j] = first ? sums[i] : scores[i][j] + sums[i];
+    // [t0: q0 q1 q2 q3 | t1: q0 q1 q2 q3]
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    const __m256 both = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, both);
+    for (int i = 0; i < QT; ++i) {
+      scores[i][j] = first ? sums[i] : scores[i][j] + sums[i];
+      if (j + 1 < n) scores[i][j + 1] = first ? sums[4 + i] : scores[i][j + 1] + sums[4 + i];
+    }
   }
 }
 
@@ -265,7 +281,7 @@ bool tile_values_vector(int64_t qt, const float* const* weights, const T* const*
                         float* const* out) {
   if (d % 8 != 0) return false;
   with_size(qt, [&](auto qt_c) {
-    constexpr int QT = decltype(qt_c)::value, CHUNK = QT == 1 ? 8 : QT == 2 ? 4 : 2;  // QT * CHUNK sums
+    constexpr int QT = decltype(qt_c)::value, CHUNK = QT == 1 ? 8 : QT == 4 ? 2 : 4;  // QT * CHUNK sums
     for (int64_t c = 0; c < d; c += 8 * CHUNK)
       with_size(std::min<int64_t>(CHUNK, (d - c) / 8), [&](auto nv) {
         values_tile<T, QT, decltype(nv)::value>(weights, rows, n, c, out);
