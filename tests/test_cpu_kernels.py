@@ -27,31 +27,39 @@ TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2}
 
 def naive_decode(q, k_cache, v_cache, table, page_rows, lens, scale):
     """softmax(q k^T * scale) v over each row's context, in float64, K/V gathered token by token."""
-    page_size, group = k_cache.shape[1], HEADS // KV_HEADS
+    page_size, heads, group = k_cache.shape[1], q.shape[1], q.shape[1] // k_cache.shape[2]
     out = []
     for b, (row, n) in enumerate(zip(page_rows, lens)):
         slots = [(int(table[row, t // page_size]), t % page_size) for t in range(n)]
         k = torch.stack([k_cache[p, o] for p, o in slots]).double()   # [n, kv_heads, dim]
         v = torch.stack([v_cache[p, o] for p, o in slots]).double()
-        heads = []
-        for h in range(HEADS):
+        per_head = []
+        for h in range(heads):
             w = torch.softmax(k[:, h // group] @ q[b, h].double() * scale, dim=0)
-            heads.append(w @ v[:, h // group])
-        out.append(torch.stack(heads))
+            per_head.append(w @ v[:, h // group])
+        out.append(torch.stack(per_head))
     return torch.stack(out)
 
 
-def cache_and_table(page_size: int, pages: int, dtype, seed: int = 0):
+def cache_and_table(page_size: int, pages: int, dtype, seed: int = 0, kv_heads: int = KV_HEADS, dim: int = DIM):
     g = torch.Generator().manual_seed(seed)
-    k = torch.randn(pages, page_size, KV_HEADS, DIM, generator=g).to(dtype)
+    k = torch.randn(pages, page_size, kv_heads, dim, generator=g).to(dtype)
     return k, torch.randn(k.shape, generator=g).to(dtype)
 
 
-@settings(max_examples=40, deadline=None)
-@given(data=st.data(), page_size=st.sampled_from([1, 4, 16]), dtype=st.sampled_from([torch.float32, torch.bfloat16]))
-def test_decode_attention_from_pages_equals_naive_attention(data, page_size, dtype):
+# (heads, KV heads, head dim): GQA groups of 3, 1, 4 and 7 heads; head dims split into vector
+# chunks of 64 and a remainder, and one that is not a multiple of 8 (the portable loops)
+SHAPES = [(HEADS, KV_HEADS, DIM), (4, 4, 8), (8, 2, 72), (14, 2, 128), (6, 2, 12)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), page_size=st.sampled_from([1, 4, 16]), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       shape=st.sampled_from(SHAPES))
+def test_decode_attention_from_pages_equals_naive_attention(data, page_size, dtype, shape):
     """Any mix of rows, some sharing prefix pages (read through the first member's row), long
-    contexts split into several items: every row gets softmax attention over its own context."""
+    contexts split into several items, any GQA group and head dim: every row gets softmax
+    attention over its own context."""
+    heads, kv_heads, dim = shape
     rows = data.draw(st.integers(1, 6))
     lens = data.draw(st.lists(st.integers(1, 700), min_size=rows, max_size=rows))
     max_pages = max(-(-n // page_size) for n in lens) + 2
@@ -68,11 +76,11 @@ def test_decode_attention_from_pages_equals_naive_attention(data, page_size, dty
             for r in members[1:]:
                 table[r, :shared_pages] = table[members[0], :shared_pages]
             groups.append((members, shared_pages * page_size))
-    k_cache, v_cache = cache_and_table(page_size, int(pool.max()) + 1, dtype)
-    q = torch.randn(rows, HEADS, DIM, generator=torch.Generator().manual_seed(3)).to(dtype)
-    plan = DecodePlan.of(list(range(rows)), lens, groups, HEADS, DIM)
-    got = KERNELS.decode_attention(q, k_cache, v_cache, table, plan, DIM ** -0.5)
-    want = naive_decode(q, k_cache, v_cache, table, range(rows), lens, DIM ** -0.5)
+    k_cache, v_cache = cache_and_table(page_size, int(pool.max()) + 1, dtype, kv_heads=kv_heads, dim=dim)
+    q = torch.randn(rows, heads, dim, generator=torch.Generator().manual_seed(3)).to(dtype)
+    plan = DecodePlan.of(list(range(rows)), lens, groups, heads, dim)
+    got = KERNELS.decode_attention(q, k_cache, v_cache, table, plan, dim ** -0.5)
+    want = naive_decode(q, k_cache, v_cache, table, range(rows), lens, dim ** -0.5)
     torch.testing.assert_close(got.double(), want, atol=TOLERANCE[dtype], rtol=0)
 
 
