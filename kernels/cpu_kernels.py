@@ -82,6 +82,7 @@ def build(path: Path, flags: Sequence[str] = FLAGS) -> None:
 # every thread, enough that an item's fixed work is noise. An item of a group sharing a prefix
 # scores every member's heads, and holds its scores (at most MAX_ITEM_SCORES) in cache.
 ITEM_TOKENS = 256
+MIN_ITEM_TOKENS = 32
 MAX_ITEM_SCORES = 1 << 16
 
 
@@ -107,8 +108,14 @@ class DecodePlan:
         members: list[int] = []
         slots_of: list[list[int]] = [[] for _ in page_rows]
 
+        # short contexts in items small enough that every thread gets one (one 130-token
+        # context would otherwise be a single item, and one thread's work)
+        threads = torch.get_num_threads()
+        tokens = -(-sum(context_lens) // threads)
+        item_tokens = min(ITEM_TOKENS, max(MIN_ITEM_TOKENS, -(-tokens // 8) * 8))
+
         def add(page_row: int, start: int, end: int, rows: Sequence[int]) -> None:
-            step = min(ITEM_TOKENS, max(16, MAX_ITEM_SCORES // (len(rows) * heads)))
+            step = min(item_tokens, max(16, MAX_ITEM_SCORES // (len(rows) * heads)))
             for s in range(start, end, step):
                 items.append((page_row, s, min(end, s + step), len(members), len(rows)))
                 for r in rows:
@@ -262,9 +269,10 @@ class CpuKernels:
 
     def block_linear(self, x: torch.Tensor, w: "BlockWeight") -> torch.Tensor:
         """x [T, cols] float32 times the block-quantized weight [rows, cols]^T -> float32 [T, rows]."""
-        assert x.dtype == torch.float32 and x.is_contiguous() and x.shape[1] == w.cols
-        out = torch.empty(x.shape[0], w.rows)
-        self._fns[w.kind](x.data_ptr(), x.shape[0], w.cols, *w.pointers, w.rows, out.data_ptr())
+        n, cols = x.shape
+        assert x.dtype == torch.float32 and x.is_contiguous() and cols == w.cols
+        out = torch.empty(n, w.rows)
+        self._fns[w.kind](x.data_ptr(), n, cols, *w.pointers, w.rows, out.data_ptr())
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
