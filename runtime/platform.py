@@ -109,12 +109,15 @@ class CudaPlatform(Platform):
 # bytes (measured on an AVX512-BF16 EPYC: 3.5 ms vs 16.6 ms for all SmolLM2 layers at one token);
 # above it, bf16 wins.
 QUANTIZED_MAX_TOKENS = 8
+# A float32 model's block kernels beat float32 F.linear further: all SmolLM2 layers and the LM head
+# at 8 / 32 / 48 tokens took 28 / 93 / 147 ms vs 84 / 144 / 164 ms on an AVX2-only EPYC
+BLOCKS_FLOAT32_MAX_TOKENS = 48
 
 
 class CpuLinear(Linear):
-    """Chooses per call the weight form that is fastest for the batch size: at most
-    QUANTIZED_MAX_TOKENS rows run on a quantized form where there is one, either torch's int4
-    kernel (bf16 activations) or the block kernels of kernels/cpu_kernels.cpp (float32 ones)."""
+    """Chooses per call the weight form that is fastest for the batch size: small batches run on
+    a quantized form where there is one, either torch's int4 kernel (bf16 activations) or the
+    block kernels of kernels/cpu_kernels.cpp (float32 ones)."""
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, int4=None, blocks=None,
                  kernels=None, onednn: bool = False):
@@ -126,6 +129,8 @@ class CpuLinear(Linear):
         self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight, None) if onednn else None
         # picked once: a decode step makes ~120 of these calls
         self.small = self._blocks if blocks is not None else self._int4 if int4 is not None else None
+        self.small_max = (BLOCKS_FLOAT32_MAX_TOKENS if blocks is not None and weight.dtype == torch.float32
+                          else QUANTIZED_MAX_TOKENS)
 
     @property
     def quantized(self) -> bool:
@@ -141,7 +146,7 @@ class CpuLinear(Linear):
         return torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, scales_zeros).to(x.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small is not None and x.shape[0] <= QUANTIZED_MAX_TOKENS:
+        if self.small is not None and x.shape[0] <= self.small_max:
             y = self.small(x)
             return y if self.bias is None else y + self.bias
         if self.onednn is not None:

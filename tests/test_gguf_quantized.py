@@ -54,7 +54,7 @@ def test_a_float32_model_runs_small_batches_on_the_block_kernels_with_float32_ac
 def test_large_batches_run_on_the_dequantised_weights(default_model_files):
     files = default_model_files
     lin = get_platform(torch.device("cpu")).linear(files.weights[LAYER], quantized_parts=[files.quantized[LAYER]])
-    x = torch.randn(40, lin.weight.shape[1], generator=torch.Generator().manual_seed(0))
+    x = torch.randn(64, lin.weight.shape[1], generator=torch.Generator().manual_seed(0))
     assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight))
 
 
