@@ -90,6 +90,16 @@ def test_a_long_context_is_split_into_items_every_thread_can_take():
     assert plan.items[:, 1].tolist()[0] == 0 and plan.items[:, 2].tolist()[-1] == 3000
 
 
+def test_a_short_context_is_split_so_that_every_thread_gets_an_item():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        plan = DecodePlan.of([0], [130], [], HEADS, DIM)
+    finally:
+        torch.set_num_threads(threads)
+    assert plan.items.shape[0] == 2 and plan.items[:, 2].tolist()[-1] == 130
+
+
 def test_a_shared_prefix_is_one_item_list_scored_for_all_its_members():
     plan = DecodePlan.of([0, 1, 2], [100, 120, 40], [([0, 1], 64)], HEADS, DIM)
     shared_items = [it for it in plan.items.tolist() if it[4] == 2]
