@@ -1,10 +1,11 @@
 // CPU kernels of the decode step, compiled for the machine's own CPU on first use
 // (kernels/cpu_kernels.py: g++ -O3 -march=native -fopenmp). Plain C entry points over raw pointers,
-// called through ctypes: no torch headers, so a build takes about a second.
+// called through ctypes: no torch headers, so a build takes seconds.
 //
-// Each kernel does in one call what takes the torch path several ATen ops, and rounds where the
-// torch ops it replaces round (results in the model's dtype after each of them), so that both paths
-// agree to float rounding. Threads: OpenMP, which resolves to the libgomp torch has loaded, i.e.
+// Each layer-step kernel does in one call what takes the torch path several ATen ops, and rounds
+// where the torch ops it replaces round (results in the model's dtype after each of them), so that
+// both paths agree to float rounding. The linear layers on block-quantized weights have no torch
+// counterpart: their rounding is their own (see there). Threads: OpenMP, which resolves to the libgomp torch has loaded, i.e.
 // the calling thread's own team (a second OpenMP runtime would halve decode speed here).
 #include <algorithm>
 #include <cmath>
