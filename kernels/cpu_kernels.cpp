@@ -62,68 +62,73 @@ inline float exp2_fast(float x) {
 
 constexpr float LOG2_E = 1.4426950408889634f;
 
-// x[r] += delta[r] (when delta is given; the float32 residual stream), then
-// out[r] = T(x[r] / sqrt(mean(x[r]^2) + eps) * w)
+// x += delta (when delta is given; a row of the float32 residual stream), then
+// out = T(x / sqrt(mean(x^2) + eps) * w). delta may be out: it is read before out is written.
+template <class T>
+inline void add_rms_norm_row(float* x, const T* delta, const float* w, T* out, int64_t d, float eps) {
+  if (delta != nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) x[i] += to_f(delta[i]);
+  }
+  float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < d; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / float(d) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) out[i] = from_f<T>(x[i] * inv * w[i]);
+}
+
 template <class T>
 void add_rms_norm(float* x, const T* delta, int64_t delta_stride, const float* w, T* out, int64_t rows,
                   int64_t d, float eps) {
 #pragma omp parallel for if (rows >= 16)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* xr = x + r * d;
-    if (delta != nullptr) {
-      const T* dr = delta + r * delta_stride;
+  for (int64_t r = 0; r < rows; ++r)
+    add_rms_norm_row(x + r * d, delta == nullptr ? nullptr : delta + r * delta_stride, w, out + r * d, d, eps);
+}
+
+// Rotary embedding in place on `heads` heads of d values, back to back (rotate-half layout), with
+// rows c, s of the tables of runtime/models/rope.py: cos twice, then -sin and sin.
+template <class T>
+inline void rope_row(T* x, int64_t heads, int64_t d, const T* c, const T* s) {
+  const int64_t half = d / 2;
+  float buf[512];
+  for (int64_t h = 0; h < heads; ++h) {
+    T* v = x + h * d;
+    for (int64_t i = 0; i < d; ++i) buf[i] = to_f(v[i]);
 #pragma omp simd
-      for (int64_t i = 0; i < d; ++i) xr[i] += to_f(dr[i]);
+    for (int64_t i = 0; i < d; ++i) {
+      const float rolled = buf[i < half ? i + half : i - half];
+      // x * cos rounds to T before the add, as torch.addcmul(x * cos, roll(x), sin) does
+      v[i] = from_f<T>(to_f(from_f<T>(buf[i] * to_f(c[i]))) + rolled * to_f(s[i]));
     }
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(ss / float(d) + eps);
-    T* o = out + r * d;
-#pragma omp simd
-    for (int64_t i = 0; i < d; ++i) o[i] = from_f<T>(xr[i] * inv * w[i]);
   }
 }
 
-// Rotary embedding in place on the first `heads` heads of each row (rotate-half layout), with the
-// tables of runtime/models/rope.py: cos twice, then -sin and sin, rows picked by position.
 template <class T>
 void rope(T* x, int64_t row_stride, int64_t rows, int64_t heads, int64_t d, const T* cos, const T* sin,
           const int64_t* positions) {
-  const int64_t half = d / 2;
 #pragma omp parallel for if (rows >= 16)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* c = cos + positions[r] * d;
-    const T* s = sin + positions[r] * d;
-    float buf[512];
-    for (int64_t h = 0; h < heads; ++h) {
-      T* v = x + r * row_stride + h * d;
-      for (int64_t i = 0; i < d; ++i) buf[i] = to_f(v[i]);
+  for (int64_t r = 0; r < rows; ++r)
+    rope_row(x + r * row_stride, heads, d, cos + positions[r] * d, sin + positions[r] * d);
+}
+
+// out = T(T(silu(g)) * u) over `inter` values
+template <class T>
+inline void silu_mul_row(const T* g, const T* u, T* out, int64_t inter) {
 #pragma omp simd
-      for (int64_t i = 0; i < d; ++i) {
-        const float rolled = buf[i < half ? i + half : i - half];
-        // x * cos rounds to T before the add, as torch.addcmul(x * cos, roll(x), sin) does
-        v[i] = from_f<T>(to_f(from_f<T>(buf[i] * to_f(c[i]))) + rolled * to_f(s[i]));
-      }
-    }
+  for (int64_t i = 0; i < inter; ++i) {
+    const float a = to_f(g[i]);
+    const T silu = from_f<T>(a / (1.0f + exp2_fast(-a * LOG2_E)));
+    out[i] = from_f<T>(to_f(silu) * to_f(u[i]));
   }
 }
 
-// out[r] = T(T(silu(gate[r])) * up[r]) for rows [gate | up] of width 2 * inter
+// rows [gate | up] of width 2 * inter
 template <class T>
 void silu_mul(const T* gate_up, int64_t rows, int64_t inter, T* out) {
 #pragma omp parallel for if (rows >= 16)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* g = gate_up + r * 2 * inter;
-    const T* u = g + inter;
-    T* o = out + r * inter;
-#pragma omp simd
-    for (int64_t i = 0; i < inter; ++i) {
-      const float a = to_f(g[i]);
-      const T silu = from_f<T>(a / (1.0f + exp2_fast(-a * LOG2_E)));
-      o[i] = from_f<T>(to_f(silu) * to_f(u[i]));
-    }
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    silu_mul_row(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, out + r * inter, inter);
 }
 
 // Rows of k and v (`width` contiguous values each, rows k_stride / v_stride apart) to cache slots
@@ -333,7 +338,8 @@ void tile_values(int64_t qt, const float* const* weights, const T* const* rows, 
   }
 }
 
-// Decode attention read straight from the KV pages, planned by runtime/attention_cpu.py:
+// Decode attention read straight from the KV pages, planned by runtime/attention_cpu.py
+// (kernels/cpu_kernels.py's DecodePlan and PagedDecodeArgs, which mirror this struct):
 // - an item scores the queries of its members (one for a request's own tokens; every member of a
 //   group for a cached prefix they share, so those pages are read once for all of them) against
 //   the tokens [start, end) of page-table row `page_row`, and leaves per member and head the
@@ -342,69 +348,82 @@ void tile_values(int64_t qt, const float* const* weights, const T* const* rows, 
 //   first member, members), members = the query row of each member;
 // - then each query row merges its slots (slots[slot_start[b] .. slot_start[b + 1]]) by their
 //   maxima into out[b].
-// Caches: [slots, kv_heads, d] of one layer; partials: [n_slots, heads, d + 2] float32.
+struct PagedDecode {
+  const void* k_cache;    // [layers, slots, kv_heads, d] in the model's dtype
+  const void* v_cache;
+  int64_t layer_stride;   // values between two layers' caches
+  const int64_t* table;   // page table [requests, table_stride]
+  int64_t table_stride, page_size;
+  const int32_t* items;
+  int64_t n_items;
+  const int32_t* members;
+  const int32_t* slot_start;
+  const int32_t* slots;
+  float* partials;        // [n_slots, heads, d + 2] float32 scratch
+  int64_t max_members, max_scores, max_tokens;  // the largest item's
+  int64_t heads, kv_heads, d;
+  float scale;
+};
+
+// Called by every thread of a team (the loops are orphaned worksharing constructs): q [rows,
+// heads, d] with rows q_stride apart -> out [rows, heads, d], against layer `layer`'s caches.
 template <class T>
-void decode_attention(const T* q, int64_t q_stride, T* out, const T* k_cache, const T* v_cache,
-                      const int64_t* table, int64_t table_stride, int64_t page_size, const int32_t* items,
-                      int64_t n_items, const int32_t* members, const int32_t* slot_start, const int32_t* slots,
-                      int64_t rows, float* partials, int64_t heads, int64_t kv_heads, int64_t d, float scale,
-                      int64_t max_members, int64_t max_scores) {
-  const int64_t group = heads / kv_heads, width = kv_heads * d, pw = d + 2;
-  const float scale2 = scale * LOG2_E;
-  int64_t max_tokens = 0;
-  for (int64_t it = 0; it < n_items; ++it) max_tokens = std::max<int64_t>(max_tokens, items[it * 5 + 2] - items[it * 5 + 1]);
-#pragma omp parallel if (n_items > 1)
-  {
-    float* scores = static_cast<float*>(std::malloc(sizeof(float) * (max_scores + max_members * heads * d)));
-    float* qf = scores + max_scores;
-    const T** k_rows = static_cast<const T**>(std::malloc(sizeof(T*) * 2 * (max_tokens + 1)));
-    const T** v_rows = k_rows + max_tokens + 1;
+void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int64_t q_stride, int64_t rows,
+                           T* out) {
+  const int64_t heads = p.heads, d = p.d, group = heads / p.kv_heads, width = p.kv_heads * d, pw = d + 2;
+  const T* k_cache = static_cast<const T*>(p.k_cache) + layer * p.layer_stride;
+  const T* v_cache = static_cast<const T*>(p.v_cache) + layer * p.layer_stride;
+  const float scale2 = p.scale * LOG2_E;
+  float* scores = static_cast<float*>(std::malloc(sizeof(float) * (p.max_scores + p.max_members * heads * d)));
+  float* qf = scores + p.max_scores;
+  const T** k_rows = static_cast<const T**>(std::malloc(sizeof(T*) * 2 * (p.max_tokens + 1)));
+  const T** v_rows = k_rows + p.max_tokens + 1;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < n_items; ++it) {
-      const int32_t* item = items + it * 5;
-      const int64_t* pages = table + int64_t(item[0]) * table_stride;
-      const int64_t start = item[1], end = item[2], n = end - start, m0 = item[3], nm = item[4];
-      for (int64_t m = 0; m < nm; ++m) {
-        const T* qm = q + int64_t(members[m0 + m]) * q_stride;
-        for (int64_t i = 0; i < heads * d; ++i) qf[m * heads * d + i] = to_f(qm[i]) * scale2;
+  for (int64_t it = 0; it < p.n_items; ++it) {
+    const int32_t* item = p.items + it * 5;
+    const int64_t* pages = p.table + int64_t(item[0]) * p.table_stride;
+    const int64_t start = item[1], end = item[2], n = end - start, m0 = item[3], nm = item[4];
+    for (int64_t m = 0; m < nm; ++m) {
+      const T* qm = q + int64_t(p.members[m0 + m]) * q_stride;
+      for (int64_t i = 0; i < heads * d; ++i) qf[m * heads * d + i] = to_f(qm[i]) * scale2;
+    }
+    for (int64_t g = 0; g < p.kv_heads; ++g) {
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t t = start + j, slot = pages[t / p.page_size] * p.page_size + t % p.page_size;
+        k_rows[j] = k_cache + slot * width + g * d;
+        v_rows[j] = v_cache + slot * width + g * d;
       }
-      for (int64_t g = 0; g < kv_heads; ++g) {
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t t = start + j, slot = pages[t / page_size] * page_size + t % page_size;
-          k_rows[j] = k_cache + slot * width + g * d;
-          v_rows[j] = v_cache + slot * width + g * d;
+      // the queries reading this KV head: every member's heads of its group, in tiles of four
+      const int64_t nq = nm * group;
+      for (int64_t i0 = 0; i0 < nq; i0 += 4) {
+        const int64_t qt = std::min<int64_t>(4, nq - i0);
+        const float* qs[4];
+        float* ss[4];
+        float* parts[4];
+        for (int64_t i = 0; i < qt; ++i) {
+          const int64_t m = (i0 + i) / group, h = g * group + (i0 + i) % group;
+          qs[i] = qf + (m * heads + h) * d;
+          ss[i] = scores + (m * heads + h) * n;
+          parts[i] = p.partials + ((m0 + m) * heads + h) * pw;
         }
-        // the queries reading this KV head: every member's heads of its group, in tiles of four
-        const int64_t nq = nm * group;
-        for (int64_t i0 = 0; i0 < nq; i0 += 4) {
-          const int64_t qt = std::min<int64_t>(4, nq - i0);
-          const float* qs[4];
-          float* ss[4];
-          float* parts[4];
-          for (int64_t i = 0; i < qt; ++i) {
-            const int64_t m = (i0 + i) / group, h = g * group + (i0 + i) % group;
-            qs[i] = qf + (m * heads + h) * d;
-            ss[i] = scores + (m * heads + h) * n;
-            parts[i] = partials + ((m0 + m) * heads + h) * pw;
-          }
-          tile_scores(qt, qs, k_rows, n, d, ss);
-          for (int64_t i = 0; i < qt; ++i) softmax_weights(ss[i], n, parts[i] + d, parts[i] + d + 1);
-          tile_values(qt, const_cast<const float* const*>(ss), v_rows, n, d, parts);
-        }
+        tile_scores(qt, qs, k_rows, n, d, ss);
+        for (int64_t i = 0; i < qt; ++i) softmax_weights(ss[i], n, parts[i] + d, parts[i] + d + 1);
+        tile_values(qt, const_cast<const float* const*>(ss), v_rows, n, d, parts);
       }
     }
-    std::free(k_rows);
-    std::free(scores);
   }
-#pragma omp parallel for if (rows * heads >= 64)
+  std::free(k_rows);
+  std::free(scores);
+#pragma omp for
   for (int64_t bh = 0; bh < rows * heads; ++bh) {
     const int64_t b = bh / heads, h = bh % heads;
     float top = -INFINITY;
-    for (int32_t j = slot_start[b]; j < slot_start[b + 1]; ++j) top = std::max(top, partials[(slots[j] * heads + h) * pw + d]);
+    for (int32_t j = p.slot_start[b]; j < p.slot_start[b + 1]; ++j)
+      top = std::max(top, p.partials[(p.slots[j] * heads + h) * pw + d]);
     float acc[512] = {0.f};
     float sum = 0.f;
-    for (int32_t j = slot_start[b]; j < slot_start[b + 1]; ++j) {
-      const float* part = partials + (int64_t(slots[j]) * heads + h) * pw;
+    for (int32_t j = p.slot_start[b]; j < p.slot_start[b + 1]; ++j) {
+      const float* part = p.partials + (int64_t(p.slots[j]) * heads + h) * pw;
       const float w = exp2_fast(part[d] - top);
       sum += part[d + 1] * w;
 #pragma omp simd
@@ -497,17 +516,9 @@ inline void tile(const uint8_t* q, const float* scale, int64_t nb, const int16_t
 }
 #endif
 
-// out [n, rows] = x [n, cols] (float32, contiguous) times the block-quantized weight [rows, cols]
-// (q: a row's blocks back to back; scale, zero: [rows, cols / 32]; zero may be null)
-template <class K>
-void block_linear(const float* x, int64_t n, int64_t cols, const uint8_t* q, const float* scale,
-                  const float* zero, int64_t rows, float* out) {
-  if (n == 0) return;
-  const int64_t nb = cols / QBLOCK;
-  int16_t* xq = static_cast<int16_t*>(std::malloc(sizeof(int16_t) * n * cols + sizeof(float) * 2 * n * nb + 64));
-  float* xscale = reinterpret_cast<float*>(xq + n * cols + 32);
-  float* xsum = xscale + n * nb;
-  for (int64_t tb = 0; tb < n * nb; ++tb) {
+// Activations [blocks of 32] rounded to int16 per block: x = xq * xscale; xsum: each block's sum
+inline void quantize_blocks(const float* x, int64_t blocks, int16_t* xq, float* xscale, float* xsum) {
+  for (int64_t tb = 0; tb < blocks; ++tb) {
     const float* xb = x + tb * QBLOCK;
     float top = 0.f, sum = 0.f;
     for (int j = 0; j < QBLOCK; ++j) {
@@ -519,23 +530,43 @@ void block_linear(const float* x, int64_t n, int64_t cols, const uint8_t* q, con
     xscale[tb] = top / 32767.0f;
     xsum[tb] = sum;
   }
+}
+
+// A block-quantized weight [rows, cols] and its bias (kernels/cpu_kernels.py's BlockWeight): q holds a
+// row's blocks back to back; scale, zero: [rows, cols / 32]; zero and bias may be null.
+struct BlockMatrix {
+  const uint8_t* q;
+  const float* scale;
+  const float* zero;
+  const float* bias;
+  int64_t rows, cols, bits;  // bits: 4 (Q4) or 8 (Q8)
+};
+
+// out [n, rows] = x [n, cols] times the weight^T (+ bias), from x as quantize_blocks leaves it.
+// Called by every thread of a team (orphaned worksharing loops; the last ends in a barrier).
+template <class K>
+void block_matmul_team(const BlockMatrix& m, int64_t n, const int16_t* xq, const float* xscale, const float* xsum,
+                       float* out) {
+  const int64_t nb = m.cols / QBLOCK, rows = m.rows, cols = m.cols;
   // a tile: NR weight rows by NT activation rows, each widened block used NR * NT times. Two
   // weight rows at a time for one or two activation rows (a row's end costs a mispredicted
   // branch and a reduction: at 18 blocks a row, as much as a few blocks' work)
   const auto run = [&](int64_t r, int64_t t0, auto tile_fn, auto nr_c, auto nt_c) __attribute__((always_inline)) {
     constexpr int NR = decltype(nr_c)::value, NT = decltype(nt_c)::value;
     float d[NR][NT];
-    tile_fn(q + r * nb * K::BYTES, scale + r * nb, nb, xq + t0 * cols, xscale + t0 * nb, cols, d);
+    tile_fn(m.q + r * nb * K::BYTES, m.scale + r * nb, nb, xq + t0 * cols, xscale + t0 * nb, cols, d);
     for (int i = 0; i < NR; ++i)
       for (int t = 0; t < NT; ++t) {
         float z = 0.f;
-        if (zero != nullptr) {
-          const float* zr = zero + (r + i) * nb;
+        if (m.zero != nullptr) {
+          const float* zr = m.zero + (r + i) * nb;
           const float* xs = xsum + (t0 + t) * nb;
 #pragma omp simd reduction(+ : z)
           for (int64_t b = 0; b < nb; ++b) z += zr[b] * xs[b];
         }
-        out[(t0 + t) * rows + r + i] = d[i][t] + z;
+        float y = d[i][t] + z;
+        if (m.bias != nullptr) y += m.bias[r + i];  // after the sum, as a separate bias add rounds
+        out[(t0 + t) * rows + r + i] = y;
       }
   };
   using I1 = std::integral_constant<int, 1>;
@@ -543,12 +574,12 @@ void block_linear(const float* x, int64_t n, int64_t cols, const uint8_t* q, con
   using I3 = std::integral_constant<int, 3>;
   using I4 = std::integral_constant<int, 4>;
   const int64_t pairs = n == 1 || n == 2 ? rows / 2 : 0;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
   for (int64_t p = 0; p < pairs; ++p) {
     if (n == 1) run(2 * p, 0, tile<K, 2, 1>, I2{}, I1{});
     else run(2 * p, 0, tile<K, 2, 2>, I2{}, I2{});
   }
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
   for (int64_t r = 2 * pairs; r < rows; ++r)
     for (int64_t t0 = 0; t0 < n; t0 += 4) switch (std::min<int64_t>(4, n - t0)) {
         case 1: run(r, t0, tile<K, 1, 1>, I1{}, I1{}); break;
@@ -556,7 +587,115 @@ void block_linear(const float* x, int64_t n, int64_t cols, const uint8_t* q, con
         case 3: run(r, t0, tile<K, 1, 3>, I1{}, I3{}); break;
         default: run(r, t0, tile<K, 1, 4>, I1{}, I4{}); break;
       }
-  std::free(xq);
+}
+
+inline void matmul_team(const BlockMatrix& m, int64_t n, const int16_t* xq, const float* xscale, const float* xsum,
+                        float* out) {
+  if (m.bits == 4) block_matmul_team<Q4>(m, n, xq, xscale, xsum, out);
+  else block_matmul_team<Q8>(m, n, xq, xscale, xsum, out);
+}
+
+// Activation scratch of n rows of up to `cols` values: int16 values, then block scales and sums
+struct QuantizedRows {
+  int16_t* xq;
+  float* xscale;
+  float* xsum;
+  QuantizedRows(int64_t n, int64_t cols) {
+    const int64_t nb = cols / QBLOCK;
+    xq = static_cast<int16_t*>(std::malloc(sizeof(int16_t) * n * cols + sizeof(float) * 2 * n * nb + 64));
+    xscale = reinterpret_cast<float*>(xq + n * cols + 32);
+    xsum = xscale + n * nb;
+  }
+  ~QuantizedRows() { std::free(xq); }
+  QuantizedRows(const QuantizedRows&) = delete;
+  QuantizedRows& operator=(const QuantizedRows&) = delete;
+};
+
+// out [n, rows] = x [n, cols] (float32, contiguous) times the block-quantized weight^T (+ bias)
+void block_linear(const BlockMatrix& m, const float* x, int64_t n, float* out) {
+  if (n == 0) return;
+  QuantizedRows a(n, m.cols);
+  quantize_blocks(x, n * (m.cols / QBLOCK), a.xq, a.xscale, a.xsum);
+#pragma omp parallel
+  matmul_team(m, n, a.xq, a.xscale, a.xsum, out);
+}
+
+// ---- one decoder layer of a pure-decode step ------------------------------------------------------
+// A float32 model whose four linear layers are block-quantized (runtime/models/fused_decode.py):
+// norm -> qkv -> RoPE -> K/V write -> attention -> o -> norm -> gate-up -> SiLU -> down in one call
+// and one OpenMP team, instead of ~10 calls from Python, each returning to the interpreter (~9 us
+// a call, ~300 a step). Each stage is the separate kernels' own code: the results are identical.
+struct LayerWeights {
+  BlockMatrix qkv, o, gate_up, down;
+  const float* input_norm;
+  const float* post_norm;
+  float eps;
+};
+
+struct DecodeStep {
+  float* x;                   // [rows, hidden] the residual stream, updated in place
+  float* delta;               // [rows, hidden] the previous layer's MLP output in, this layer's out
+  int64_t rows;
+  const float* cos;           // rope tables [max_len, d]
+  const float* sin;
+  const int64_t* positions;   // [rows]
+  const int64_t* out_slots;   // [rows] the KV slot of each row's new token
+  const PagedDecode* attention;
+};
+
+void decoder_layer(const LayerWeights& w, const DecodeStep& s, int64_t layer, bool has_delta) {
+  const PagedDecode& p = *s.attention;
+  const int64_t n = s.rows, hidden = w.qkv.cols, d = p.d, heads = p.heads;
+  const int64_t qkv_width = w.qkv.rows, q_width = heads * d, kv_width = p.kv_heads * d, inter = w.down.cols;
+  float* h = static_cast<float*>(
+      std::malloc(sizeof(float) * n * (2 * hidden + qkv_width + q_width + w.gate_up.rows + inter)));
+  float* o = h + n * hidden;
+  float* qkv = o + n * hidden;
+  float* att = qkv + n * qkv_width;
+  float* gate_up = att + n * q_width;
+  float* act = gate_up + n * w.gate_up.rows;
+  QuantizedRows a(n, std::max({hidden, q_width, inter}));
+  float* k_cache = static_cast<float*>(const_cast<void*>(p.k_cache)) + layer * p.layer_stride;
+  float* v_cache = static_cast<float*>(const_cast<void*>(p.v_cache)) + layer * p.layer_stride;
+  // row r of x [n, cols] as the next matmul reads it
+  const auto quantize = [&](const float* x, int64_t r, int64_t cols) {
+    const int64_t nb = cols / QBLOCK;
+    quantize_blocks(x + r * cols, nb, a.xq + r * cols, a.xscale + r * nb, a.xsum + r * nb);
+  };
+#pragma omp parallel
+  {
+#pragma omp for
+    for (int64_t r = 0; r < n; ++r) {
+      add_rms_norm_row<float>(s.x + r * hidden, has_delta ? s.delta + r * hidden : nullptr, w.input_norm,
+                              h + r * hidden, hidden, w.eps);
+      quantize(h, r, hidden);
+    }
+    matmul_team(w.qkv, n, a.xq, a.xscale, a.xsum, qkv);
+#pragma omp for
+    for (int64_t r = 0; r < n; ++r) {
+      float* row = qkv + r * qkv_width;  // [q heads | k heads | v heads]
+      rope_row<float>(row, heads + p.kv_heads, d, s.cos + s.positions[r] * d, s.sin + s.positions[r] * d);
+      std::memcpy(k_cache + s.out_slots[r] * kv_width, row + q_width, kv_width * sizeof(float));
+      std::memcpy(v_cache + s.out_slots[r] * kv_width, row + q_width + kv_width, kv_width * sizeof(float));
+    }
+    decode_attention_team<float>(p, layer, qkv, qkv_width, n, att);
+#pragma omp for
+    for (int64_t r = 0; r < n; ++r) quantize(att, r, q_width);
+    matmul_team(w.o, n, a.xq, a.xscale, a.xsum, o);
+#pragma omp for
+    for (int64_t r = 0; r < n; ++r) {
+      add_rms_norm_row<float>(s.x + r * hidden, o + r * hidden, w.post_norm, h + r * hidden, hidden, w.eps);
+      quantize(h, r, hidden);
+    }
+    matmul_team(w.gate_up, n, a.xq, a.xscale, a.xsum, gate_up);
+#pragma omp for
+    for (int64_t r = 0; r < n; ++r) {
+      silu_mul_row<float>(gate_up + r * 2 * inter, gate_up + r * 2 * inter + inter, act + r * inter, inter);
+      quantize(act, r, inter);
+    }
+    matmul_team(w.down, n, a.xq, a.xscale, a.xsum, s.delta);
+  }
+  std::free(h);
 }
 
 }  // namespace
@@ -596,22 +735,17 @@ RS_BOTH(RS_SILU_MUL)
 RS_BOTH(RS_WRITE_KV)
 
 #define RS_DECODE_ATTENTION(NAME, T)                                                                          \
-  RS_EXPORT void rs_decode_attention_##NAME(                                                                  \
-      const void* q, int64_t q_stride, void* out, const void* k_cache, const void* v_cache,                   \
-      const int64_t* table, int64_t table_stride, int64_t page_size, const int32_t* items, int64_t n_items,   \
-      const int32_t* members, const int32_t* slot_start, const int32_t* slots, int64_t rows, float* partials,  \
-      int64_t heads, int64_t kv_heads, int64_t d, float scale, int64_t max_members, int64_t max_scores) {     \
-    decode_attention<T>(static_cast<const T*>(q), q_stride, static_cast<T*>(out), static_cast<const T*>(k_cache), \
-                        static_cast<const T*>(v_cache), table, table_stride, page_size, items, n_items, members, \
-                        slot_start, slots, rows, partials, heads, kv_heads, d, scale, max_members, max_scores); \
+  RS_EXPORT void rs_decode_attention_##NAME(const PagedDecode* p, int64_t layer, const void* q, int64_t q_stride, \
+                                            int64_t rows, void* out) {                                          \
+    _Pragma("omp parallel") decode_attention_team<T>(*p, layer, static_cast<const T*>(q), q_stride, rows,       \
+                                                     static_cast<T*>(out));                                     \
   }
 RS_BOTH(RS_DECODE_ATTENTION)
 
-RS_EXPORT void rs_q4_linear(const float* x, int64_t n, int64_t cols, const uint8_t* q, const float* scale,
-                            const float* zero, int64_t rows, float* out) {
-  block_linear<Q4>(x, n, cols, q, scale, zero, rows, out);
+RS_EXPORT void rs_block_linear(const BlockMatrix* m, const float* x, int64_t n, float* out) {
+  block_linear(*m, x, n, out);
 }
-RS_EXPORT void rs_q8_linear(const float* x, int64_t n, int64_t cols, const uint8_t* q, const float* scale,
-                            const float* zero, int64_t rows, float* out) {
-  block_linear<Q8>(x, n, cols, q, scale, zero, rows, out);
+
+RS_EXPORT void rs_decoder_layer(const LayerWeights* w, const DecodeStep* s, int64_t layer, int64_t has_delta) {
+  decoder_layer(*w, *s, layer, has_delta != 0);
 }

@@ -97,6 +97,7 @@ class DecodePlan:
     partials: torch.Tensor     # float32 [m, heads, dim + 2], scratch
     max_members: int
     max_scores: int
+    max_tokens: int
 
     @classmethod
     def of(cls, page_rows: Sequence[int], context_lens: Sequence[int], groups: Sequence[tuple[Sequence[int], int]],
@@ -138,7 +139,8 @@ class DecodePlan:
                    slots=torch.tensor([j for s in slots_of for j in s], dtype=i32),
                    partials=torch.empty(len(members), heads, dim + 2),
                    max_members=max(n for *_, n in items),
-                   max_scores=max((end - start) * n * heads for _, start, end, _, n in items))
+                   max_scores=max((end - start) * n * heads for _, start, end, _, n in items),
+                   max_tokens=max(end - start for _, start, end, _, _ in items))
 
 
 QBLOCK = 32   # weights per block of a block-quantized row
@@ -156,9 +158,14 @@ class BlockWeight:
     rows: int
     cols: int
 
-    def __post_init__(self):
-        # a linear layer runs ~120 times a decode step: its pointers once, not each call
-        self.pointers = (self.q.data_ptr(), self.scale.data_ptr(), None if self.zero is None else self.zero.data_ptr())
+    def matrix(self, bias: Optional[torch.Tensor] = None) -> "BlockMatrix":
+        """The kernels' view of this weight and a float32 `bias` (built once: a linear layer runs
+        ~120 times a decode step)."""
+        assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (self.rows,))
+        m = BlockMatrix(self.q.data_ptr(), self.scale.data_ptr(), _ptr(self.zero), _ptr(bias), self.rows, self.cols,
+                        4 if self.kind == "q4" else 8)
+        m.keep = (self, bias)
+        return m
 
     @classmethod
     def q4(cls, q, scale, zero) -> "BlockWeight":
@@ -190,6 +197,52 @@ def _f32(a) -> torch.Tensor:
     return torch.as_tensor(a).to(torch.float32).contiguous()
 
 
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
+
+
+# ---- the structs the C side takes (kernels/cpu_kernels.cpp, same names, same field order) ----------
+_i64, _f32c, _vp = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class BlockMatrix(ctypes.Structure):
+    _fields_ = [("q", _vp), ("scale", _vp), ("zero", _vp), ("bias", _vp), ("rows", _i64), ("cols", _i64),
+                ("bits", _i64)]
+
+
+class PagedDecode(ctypes.Structure):
+    _fields_ = [("k_cache", _vp), ("v_cache", _vp), ("layer_stride", _i64), ("table", _vp), ("table_stride", _i64),
+                ("page_size", _i64), ("items", _vp), ("n_items", _i64), ("members", _vp), ("slot_start", _vp),
+                ("slots", _vp), ("partials", _vp), ("max_members", _i64), ("max_scores", _i64),
+                ("max_tokens", _i64), ("heads", _i64), ("kv_heads", _i64), ("d", _i64), ("scale", _f32c)]
+
+    @classmethod
+    def of(cls, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, plan: DecodePlan,
+           scale: float) -> "PagedDecode":
+        """A step's decodes as `plan` lays them out, on caches [layers, pages, page_size, kv_heads, dim]
+        (any float dtype of SUFFIX) and the page table [requests, max pages] (int64)."""
+        layers, pages, page_size, kv_heads, dim = k_cache.shape
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
+        assert table.dtype == torch.int64 and table.stride(1) == 1 and dim <= MAX_HEAD_DIM
+        heads = plan.partials.shape[1]
+        p = cls(k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), table.data_ptr(), table.stride(0),
+                page_size, plan.items.data_ptr(), plan.items.shape[0], plan.members.data_ptr(),
+                plan.slot_start.data_ptr(), plan.slots.data_ptr(), plan.partials.data_ptr(), plan.max_members,
+                plan.max_scores, plan.max_tokens, heads, kv_heads, dim, scale)
+        p.keep, p.dtype = plan, k_cache.dtype
+        return p
+
+
+class LayerWeights(ctypes.Structure):
+    _fields_ = [("qkv", BlockMatrix), ("o", BlockMatrix), ("gate_up", BlockMatrix), ("down", BlockMatrix),
+                ("input_norm", _vp), ("post_norm", _vp), ("eps", _f32c)]
+
+
+class DecodeStep(ctypes.Structure):
+    _fields_ = [("x", _vp), ("delta", _vp), ("rows", _i64), ("cos", _vp), ("sin", _vp), ("positions", _vp),
+                ("out_slots", _vp), ("attention", ctypes.POINTER(PagedDecode))]
+
+
 class CpuKernels:
     """Typed entry points of the built library."""
 
@@ -201,18 +254,18 @@ class CpuKernels:
             "rope": [ptr, i64, i64, i64, i64, ptr, ptr, ptr],
             "silu_mul": [ptr, i64, i64, ptr],
             "write_kv": [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64],
-            "decode_attention": [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, ptr, ptr, i64, ptr,
-                                 i64, i64, i64, f32, i64, i64],
+            "decode_attention": [ctypes.POINTER(PagedDecode), i64, ptr, i64, i64, ptr],
         }
         for name, args in signatures.items():
             for suffix in SUFFIX.values():
                 fn = getattr(lib, f"rs_{name}_{suffix}")
                 fn.argtypes, fn.restype = args, None
                 self._fns[name, suffix] = fn
-        for kind in ("q4", "q8"):
-            fn = getattr(lib, f"rs_{kind}_linear")
-            fn.argtypes, fn.restype = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr], None
-            self._fns[kind] = fn
+        self._block_linear = lib.rs_block_linear
+        self._block_linear.argtypes, self._block_linear.restype = [ctypes.POINTER(BlockMatrix), ptr, i64, ptr], None
+        self._decoder_layer = lib.rs_decoder_layer
+        self._decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(DecodeStep), i64, i64]
+        self._decoder_layer.restype = None
 
     def fn(self, name: str, dtype: torch.dtype):
         return self._fns[name, SUFFIX[dtype]]
@@ -251,29 +304,26 @@ class CpuKernels:
         self.fn("write_kv", k.dtype)(k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), k.data_ptr(),
                                      k.stride(0), v.data_ptr(), v.stride(0), t, kv_heads * dim)
 
-    def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         table: torch.Tensor, plan: "DecodePlan", scale: float) -> torch.Tensor:
-        """One query per row of q [B, heads, dim] (a row's heads contiguous) against the KV pages of
-        caches [pages, page_size, kv_heads, dim], as `plan` lays out; -> [B, heads, dim]."""
+    def decode_attention(self, q: torch.Tensor, paged: PagedDecode, layer: int) -> torch.Tensor:
+        """One query per row of q [B, heads, dim] (a row's heads contiguous) against layer `layer`'s
+        KV pages, as `paged` lays them out; -> [B, heads, dim]."""
         b, heads, dim = q.shape
-        _, page_size, kv_heads, _ = k_cache.shape
-        assert q.stride()[1:] == (dim, 1) and q.dtype == k_cache.dtype and dim <= MAX_HEAD_DIM
-        assert k_cache.is_contiguous() and v_cache.is_contiguous() and table.dtype == torch.int64
+        assert q.stride()[1:] == (dim, 1) and q.dtype == paged.dtype and (heads, dim) == (paged.heads, paged.d)
         out = torch.empty(b, heads, dim, dtype=q.dtype)
-        self.fn("decode_attention", q.dtype)(
-            q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(),
-            table.stride(0), page_size, plan.items.data_ptr(), plan.items.shape[0], plan.members.data_ptr(),
-            plan.slot_start.data_ptr(), plan.slots.data_ptr(), b, plan.partials.data_ptr(), heads, kv_heads, dim,
-            scale, plan.max_members, plan.max_scores)
+        self.fn("decode_attention", q.dtype)(ctypes.byref(paged), layer, q.data_ptr(), q.stride(0), b, out.data_ptr())
         return out
 
-    def block_linear(self, x: torch.Tensor, w: "BlockWeight") -> torch.Tensor:
-        """x [T, cols] float32 times the block-quantized weight [rows, cols]^T -> float32 [T, rows]."""
+    def block_linear(self, x: torch.Tensor, m: BlockMatrix) -> torch.Tensor:
+        """x [T, cols] float32 times a block-quantized weight [rows, cols]^T (+ its bias) -> float32 [T, rows]."""
         n, cols = x.shape
-        assert x.dtype == torch.float32 and x.is_contiguous() and cols == w.cols
-        out = torch.empty(n, w.rows)
-        self._fns[w.kind](x.data_ptr(), n, cols, *w.pointers, w.rows, out.data_ptr())
+        assert x.dtype == torch.float32 and x.is_contiguous() and cols == m.cols
+        out = torch.empty(n, m.rows)
+        self._block_linear(ctypes.byref(m), x.data_ptr(), n, out.data_ptr())
         return out
+
+    def decoder_layer(self, weights: LayerWeights, step: DecodeStep, layer: int, has_delta: bool) -> None:
+        """One decoder layer over `step` (see kernels/cpu_kernels.cpp and runtime/models/fused_decode.py)."""
+        self._decoder_layer(ctypes.byref(weights), ctypes.byref(step), layer, has_delta)
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for contiguous rows [gate | up]."""

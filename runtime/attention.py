@@ -29,6 +29,11 @@ class AttentionBackend(Protocol):
         """q: [T, heads, dim], k/v: [T, kv_heads, dim] -> [T, heads, dim]; stores k/v in the cache."""
         ...
 
+    def paged_decode(self, batch: ForwardBatch) -> Any:
+        """A pure-decode step's attention as the CPU kernels' whole-layer call reads it
+        (kernels/cpu_kernels.py's PagedDecode); None where this backend or step has none."""
+        ...
+
 
 def resolve_attention_backend(name: str, device: torch.device) -> str:
     """`auto`: the device's platform decides (Triton on CUDA when installed, the C++ kernels on the

@@ -13,15 +13,16 @@ from typing import Optional
 
 import torch
 
-from radixserve.kernels.cpu_kernels import CpuKernels, DecodePlan
+from radixserve.kernels.cpu_kernels import CpuKernels, DecodePlan, PagedDecode
 from radixserve.runtime.attention_torch import TorchAttentionBackend, TorchAttentionMetadata, shared_prefix_groups
-from radixserve.runtime.forward_batch import DecodeSeq
+from radixserve.runtime.forward_batch import DecodeSeq, ForwardBatch
 from radixserve.runtime.kv_cache import KVCache
 
 
 @dataclass
 class CpuAttentionMetadata(TorchAttentionMetadata):
     decode_plan: Optional[DecodePlan] = None
+    paged_decode: Optional[PagedDecode] = None   # the plan as the kernels read it
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -39,6 +40,11 @@ class CpuAttentionBackend(TorchAttentionBackend):
                                                                              min_saving=1)]
         meta.decode_plan = DecodePlan.of([d.page_row for d in decodes], [d.context_len for d in decodes], groups,
                                          self.heads, self.head_dim)
+        meta.paged_decode = PagedDecode.of(self.kv.k, self.kv.v, self.table, meta.decode_plan, self.scale)
+
+    def paged_decode(self, batch: ForwardBatch) -> Optional[PagedDecode]:
+        meta: CpuAttentionMetadata = batch.attention
+        return meta.paged_decode if meta.num_decode == batch.num_tokens else None
 
     def _write_kv(self, k_cache, v_cache, slots, k, v) -> None:
         self.kernels.write_kv(k_cache, v_cache, slots, k, v)
@@ -46,4 +52,4 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def _decode(self, layer, q, k_cache, v_cache, meta) -> torch.Tensor:
         if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
             q = q.contiguous()
-        return self.kernels.decode_attention(q, k_cache, v_cache, self.table, meta.decode_plan, self.scale)
+        return self.kernels.decode_attention(q, meta.paged_decode, layer)

@@ -197,6 +197,9 @@ class TorchAttentionBackend:
         return SharedPrefixes.of_groups(kv_rows, bias, [members for members, _ in groups], len(decodes),
                                         self.query_group, layer_kv=layer_kv)
 
+    def paged_decode(self, batch: ForwardBatch) -> None:
+        return None   # the model runs each op of its layers
+
     # ---- forward --------------------------------------------------------------------------
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 batch: ForwardBatch) -> torch.Tensor:

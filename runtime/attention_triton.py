@@ -62,6 +62,9 @@ class TritonAttentionBackend:
         """Metadata of decodes only, on the caller's tensors (CUDA graphs pass their static inputs)."""
         return TritonAttentionMetadata(rows.shape[0], decode_rows=rows, decode_lens=lens, decode_max_len=max_len)
 
+    def paged_decode(self, batch: ForwardBatch) -> None:
+        return None   # the model runs each op of its layers
+
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 batch: ForwardBatch) -> torch.Tensor:
         meta: TritonAttentionMetadata = batch.attention

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.kernels import cpu_kernels
-from radixserve.kernels.cpu_kernels import BlockWeight, CpuKernels, DecodePlan, load
+from radixserve.kernels.cpu_kernels import BlockWeight, CpuKernels, DecodePlan, PagedDecode, load
 from radixserve.runtime.models.layer_ops import CpuLayerOps, TorchLayerOps
 from radixserve.runtime.models.rope import cos_sin_table
 
@@ -39,6 +39,12 @@ def naive_decode(q, k_cache, v_cache, table, page_rows, lens, scale):
             per_head.append(w @ v[:, h // group])
         out.append(torch.stack(per_head))
     return torch.stack(out)
+
+
+def attend(q, k_cache, v_cache, table, plan, scale):
+    """The kernel on one layer's caches [pages, page_size, kv_heads, dim]."""
+    paged = PagedDecode.of(k_cache.unsqueeze(0), v_cache.unsqueeze(0), table, plan, scale)
+    return KERNELS.decode_attention(q, paged, 0)
 
 
 def cache_and_table(page_size: int, pages: int, dtype, seed: int = 0, kv_heads: int = KV_HEADS, dim: int = DIM):
@@ -79,7 +85,7 @@ def test_decode_attention_from_pages_equals_naive_attention(data, page_size, dty
     k_cache, v_cache = cache_and_table(page_size, int(pool.max()) + 1, dtype, kv_heads=kv_heads, dim=dim)
     q = torch.randn(rows, heads, dim, generator=torch.Generator().manual_seed(3)).to(dtype)
     plan = DecodePlan.of(list(range(rows)), lens, groups, heads, dim)
-    got = KERNELS.decode_attention(q, k_cache, v_cache, table, plan, dim ** -0.5)
+    got = attend(q, k_cache, v_cache, table, plan, dim ** -0.5)
     want = naive_decode(q, k_cache, v_cache, table, range(rows), lens, dim ** -0.5)
     torch.testing.assert_close(got.double(), want, atol=TOLERANCE[dtype], rtol=0)
 
@@ -114,9 +120,20 @@ def test_queries_with_strided_rows_are_read_in_place():
     qkv = torch.randn(1, (HEADS + 2 * KV_HEADS) * DIM)
     q = qkv[:, : HEADS * DIM].view(1, HEADS, DIM)
     plan = DecodePlan.of([0], [30], [], HEADS, DIM)
-    got = KERNELS.decode_attention(q, k_cache, v_cache, table, plan, 0.25)
+    got = attend(q, k_cache, v_cache, table, plan, 0.25)
     torch.testing.assert_close(got.double(), naive_decode(q, k_cache, v_cache, table, [0], [30], 0.25),
                                atol=1e-5, rtol=0)
+
+
+def test_decode_attention_reads_the_caches_of_the_layer_it_is_given():
+    layers = [cache_and_table(4, 8, torch.float32, seed=s) for s in range(3)]
+    k, v = torch.stack([k for k, _ in layers]), torch.stack([v for _, v in layers])
+    table = torch.arange(8).view(1, 8)
+    q = torch.randn(1, HEADS, DIM)
+    paged = PagedDecode.of(k, v, table, DecodePlan.of([0], [30], [], HEADS, DIM), 0.25)
+    for layer in range(3):
+        torch.testing.assert_close(KERNELS.decode_attention(q, paged, layer).double(),
+                                   naive_decode(q, k[layer], v[layer], table, [0], [30], 0.25), atol=1e-5, rtol=0)
 
 
 def test_write_kv_puts_each_row_in_its_slot():
@@ -208,15 +225,22 @@ def test_block_linear_equals_the_dense_matmul_up_to_activation_rounding(kind, ro
     w, dense = random_block_weight(kind, rows, 32 * blocks, seed)
     x = torch.randn(tokens, 32 * blocks, generator=torch.Generator().manual_seed(seed + 1)) * 3
     x[0, 0] = 40.0   # an outlier activation: rounding is per block, so it coarsens its own block only
-    got = KERNELS.block_linear(x, w).double()
+    got = KERNELS.block_linear(x, w.matrix()).double()
     want = x.double() @ dense.t()
     assert got.shape == (tokens, rows)
     assert ((got - want).abs() <= activation_rounding_bound(x, dense)).all()
 
 
+def test_block_linear_adds_its_bias_as_a_separate_add_after_the_product():
+    w, _ = random_block_weight("q4", 40, 64, 0)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(KERNELS.block_linear(x, w.matrix(bias)), KERNELS.block_linear(x, w.matrix()) + bias)
+
+
 def test_block_linear_of_zero_activations_is_zero():
     w, _ = random_block_weight("q4", 8, 64, 0)
-    assert torch.equal(KERNELS.block_linear(torch.zeros(3, 64), w), torch.zeros(3, 8))
+    assert torch.equal(KERNELS.block_linear(torch.zeros(3, 64), w.matrix()), torch.zeros(3, 8))
 
 
 @pytest.mark.parametrize("kind", ["q4", "q8"])
@@ -228,10 +252,10 @@ def test_block_linear_without_avx2_matches_the_vector_path(kind, tmp_path):
     portable = CpuKernels(ctypes.CDLL(str(path)))
     w, _ = random_block_weight(kind, 37, 96, 1)
     x = torch.randn(6, 96, generator=torch.Generator().manual_seed(2))
-    torch.testing.assert_close(portable.block_linear(x, w), KERNELS.block_linear(x, w), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(portable.block_linear(x, w.matrix()), KERNELS.block_linear(x, w.matrix()), rtol=1e-5, atol=1e-6)
 
 
 def test_block_linear_of_no_rows_is_empty():
     """A prefill chunk that samples no row asks the LM head for zero rows."""
     w, _ = random_block_weight("q8", 64, 64, 0)
-    assert KERNELS.block_linear(torch.zeros(0, 64), w).shape == (0, 64)
+    assert KERNELS.block_linear(torch.zeros(0, 64), w.matrix()).shape == (0, 64)

@@ -6,7 +6,7 @@ one runs.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,11 @@ class TorchLayerOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def fused_decode(self, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor) -> Optional[Any]:
+        """The layers as one call each for pure-decode steps (runtime/models/fused_decode.py), where
+        this form has one for them."""
+        return None
+
 
 class CpuLayerOps(TorchLayerOps):
     """The CPU kernels, for the dtypes they are built for; anything else takes the torch form."""
@@ -66,3 +71,7 @@ class CpuLayerOps(TorchLayerOps):
         if gate_up.dtype not in KERNEL_DTYPES or not gate_up.is_contiguous():
             return super().silu_mul(gate_up)
         return self.k.silu_mul(gate_up)
+
+    def fused_decode(self, layers, cos, sin):
+        from radixserve.runtime.models.fused_decode import FusedDecodeLayers
+        return FusedDecodeLayers.of(self.k, layers, cos, sin)

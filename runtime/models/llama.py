@@ -84,15 +84,22 @@ class LlamaForCausalLM:
         self.lm_head = platform.linear(w[head], quantized_parts=[quantized.get(head)])
         self.cos, self.sin = cos_sin_table(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                                            cfg.max_context_len, dtype, device)
+        self.fused_decode = self.ops.fused_decode(self.layers, self.cos, self.sin)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
         """Float32 logits of `batch.sample_rows` (all rows when None)."""
         x = F.embedding(batch.input_ids, self.embed).float()
-        rope_state = self.ops.rope_positions(self.cos, self.sin, batch.positions)
-        delta = None
-        for layer in self.layers:
-            x, delta = layer(x, delta, rope_state, batch, attn)
+        fused = None
+        if self.fused_decode is not None:
+            fused = self.fused_decode(x, batch.positions, batch.out_slots, attn.paged_decode(batch))
+        if fused is not None:
+            x, delta = fused
+        else:
+            rope_state = self.ops.rope_positions(self.cos, self.sin, batch.positions)
+            delta = None
+            for layer in self.layers:
+                x, delta = layer(x, delta, rope_state, batch, attn)
         if batch.sample_rows is not None:
             x, delta = x[batch.sample_rows], delta[batch.sample_rows]
         _, h = self.ops.add_rms_norm(x, delta, self.norm, self.cfg.rms_norm_eps, self.dtype)

@@ -1,0 +1,62 @@
+"""Pure-decode steps of a float32 model on block-quantized weights, each decoder layer as one call of
+the CPU kernels (`decoder_layer` in kernels/cpu_kernels.cpp) instead of ~10 from Python.
+
+At one user and a short context a decode step is ~300 Python-to-C round trips of a few microseconds
+each, a third of the step (bench/single_stream.py). The fused call computes what the layer's
+separate kernels compute, stage for stage, so the two forms give identical results; the model runs
+it where the attention backend hands over its step (`paged_decode`) and falls back to the
+separate ops otherwise (steps with prefills, the torch backend, another dtype).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional, Sequence
+
+import torch
+
+from radixserve.kernels.cpu_kernels import CpuKernels, DecodeStep, LayerWeights, PagedDecode
+
+
+class FusedDecodeLayers:
+    def __init__(self, kernels: CpuKernels, weights: list[tuple[int, LayerWeights]], cos: torch.Tensor,
+                 sin: torch.Tensor, max_tokens: int):
+        self.kernels, self.weights = kernels, weights   # (KV cache layer, weights) of each layer
+        self.cos, self.sin = cos, sin
+        self.max_tokens = max_tokens
+
+    @classmethod
+    def of(cls, kernels: CpuKernels, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor
+           ) -> Optional["FusedDecodeLayers"]:
+        """The fused form of `layers` (runtime/models/llama.py's DecoderLayers), or None where one
+        of them has a part the kernel does not do: another dtype, a dense or int4 linear layer, q/k norms."""
+        linears = lambda la: (la.qkv, la.o, la.gate_up, la.down)  # noqa: E731
+        if cos.dtype != torch.float32 or not all(
+                la.dtype == torch.float32 and la.q_norm is None
+                and all(getattr(lin, "matrix", None) is not None for lin in linears(la)) for la in layers):
+            return None
+        weights = []
+        for la in layers:
+            w = LayerWeights(*(lin.matrix for lin in linears(la)), la.input_norm.data_ptr(),
+                             la.post_attn_norm.data_ptr(), la.eps)
+            w.keep = la
+            weights.append((la.index, w))
+        # the same bound as the layers' own choice of their block form
+        max_tokens = min(lin.small_max for la in layers for lin in linears(la))
+        return cls(kernels, weights, cos.contiguous(), sin.contiguous(), max_tokens)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, out_slots: torch.Tensor,
+                 paged: Optional[PagedDecode]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer over the residual stream x [T, hidden] (updated in place) -> (x, the last
+        layer's MLP output), as the layers' own calls return them; None where this step is not
+        one the kernel runs (`paged` None, more rows than the block form takes)."""
+        t = x.shape[0]
+        if paged is None or t > self.max_tokens or paged.dtype != torch.float32:
+            return None
+        assert x.dtype == torch.float32 and x.is_contiguous()
+        assert positions.dtype == out_slots.dtype == torch.int64 and positions.is_contiguous() and out_slots.is_contiguous()
+        delta = torch.empty_like(x)
+        step = DecodeStep(x.data_ptr(), delta.data_ptr(), t, self.cos.data_ptr(), self.sin.data_ptr(),
+                          positions.data_ptr(), out_slots.data_ptr(), ctypes.pointer(paged))
+        for i, (layer, w) in enumerate(self.weights):
+            self.kernels.decoder_layer(w, step, layer, i > 0)
+        return x, delta
