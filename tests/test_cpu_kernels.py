@@ -195,8 +195,9 @@ def test_silu_mul_equals_torch(dtype):
 
 
 # ---- linear layers on block-quantized weights -----------------------------------------------------
-def random_block_weight(kind: str, rows: int, cols: int, seed: int) -> tuple[BlockWeight, torch.Tensor]:
-    """A BlockWeight and the float64 weight it stands for."""
+def random_block_weight(kind: str, rows: int, cols: int, seed: int
+                        ) -> tuple[BlockWeight, torch.Tensor, torch.Tensor]:
+    """A BlockWeight, the float64 weight it stands for, and its zeros [rows, blocks]."""
     g = torch.Generator().manual_seed(seed)
     scale = torch.rand(rows, cols // 32, generator=g) * 0.02
     if kind == "q4":
@@ -208,38 +209,40 @@ def random_block_weight(kind: str, rows: int, cols: int, seed: int) -> tuple[Blo
         zero = torch.zeros(rows, cols // 32)
         w = BlockWeight.q8(q, scale)
     dense = q.double().view(rows, -1, 32) * scale.double()[..., None] + zero.double()[..., None]
-    return w, dense.view(rows, cols)
+    return w, dense.view(rows, cols), zero
 
 
-def activation_rounding_bound(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+def activation_rounding_bound(x: torch.Tensor, dense: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """The most |y - x W^T| may be when x is rounded to int16 per block of 32 (half a step of the
-    block's largest value per element), plus float32 sums."""
+    block's largest value per element), plus float32 sums. The rounded activations multiply
+    q * scale, i.e. W - zero (the zero term takes the block sums of x as they are)."""
     top = x.double().abs().view(x.shape[0], -1, 32).amax(-1).repeat_interleave(32, dim=1)
-    return (top / 65534) @ dense.abs().t() + 1e-6 * (x.double().abs() @ dense.abs().t())
+    scaled = (dense - zero.double().repeat_interleave(32, dim=1)).abs()
+    return (top / 65534) @ scaled.t() + 1e-6 * (x.double().abs() @ dense.abs().t())
 
 
 @settings(max_examples=60, deadline=None)
 @given(kind=st.sampled_from(["q4", "q8"]), rows=st.integers(1, 70), blocks=st.integers(1, 6),
        tokens=st.integers(1, 9), seed=st.integers(0, 2**16))
 def test_block_linear_equals_the_dense_matmul_up_to_activation_rounding(kind, rows, blocks, tokens, seed):
-    w, dense = random_block_weight(kind, rows, 32 * blocks, seed)
+    w, dense, zero = random_block_weight(kind, rows, 32 * blocks, seed)
     x = torch.randn(tokens, 32 * blocks, generator=torch.Generator().manual_seed(seed + 1)) * 3
     x[0, 0] = 40.0   # an outlier activation: rounding is per block, so it coarsens its own block only
     got = KERNELS.block_linear(x, w.matrix()).double()
     want = x.double() @ dense.t()
     assert got.shape == (tokens, rows)
-    assert ((got - want).abs() <= activation_rounding_bound(x, dense)).all()
+    assert ((got - want).abs() <= activation_rounding_bound(x, dense, zero)).all()
 
 
 def test_block_linear_adds_its_bias_as_a_separate_add_after_the_product():
-    w, _ = random_block_weight("q4", 40, 64, 0)
+    w, *_ = random_block_weight("q4", 40, 64, 0)
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
     bias = torch.randn(40, generator=torch.Generator().manual_seed(2))
     assert torch.equal(KERNELS.block_linear(x, w.matrix(bias)), KERNELS.block_linear(x, w.matrix()) + bias)
 
 
 def test_block_linear_of_zero_activations_is_zero():
-    w, _ = random_block_weight("q4", 8, 64, 0)
+    w, *_ = random_block_weight("q4", 8, 64, 0)
     assert torch.equal(KERNELS.block_linear(torch.zeros(3, 64), w.matrix()), torch.zeros(3, 8))
 
 
@@ -250,12 +253,12 @@ def test_block_linear_without_avx2_matches_the_vector_path(kind, tmp_path):
     path = tmp_path / "portable.so"
     cpu_kernels.build(path, [*cpu_kernels.FLAGS, "-mno-avx2"])
     portable = CpuKernels(ctypes.CDLL(str(path)))
-    w, _ = random_block_weight(kind, 37, 96, 1)
+    w, *_ = random_block_weight(kind, 37, 96, 1)
     x = torch.randn(6, 96, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(portable.block_linear(x, w.matrix()), KERNELS.block_linear(x, w.matrix()), rtol=1e-5, atol=1e-6)
 
 
 def test_block_linear_of_no_rows_is_empty():
     """A prefill chunk that samples no row asks the LM head for zero rows."""
-    w, _ = random_block_weight("q8", 64, 64, 0)
+    w, *_ = random_block_weight("q8", 64, 64, 0)
     assert KERNELS.block_linear(torch.zeros(0, 64), w.matrix()).shape == (0, 64)
