@@ -131,7 +131,7 @@ def chart(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     s, names = report["summary"], list(report["summary"])
-    cells = [key(c) for c in CELLS]
+    cells = [key(c) for c in CELLS if key(c) in {k for n in names for k in s[n]}]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     width = 0.8 / max(1, len(names))
     for ax, metric, label in ((axes[0], "tpot_p50_ms", "time per output token, p50 (ms)"),
@@ -156,7 +156,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--model", default=None, help="GGUF file (default: the embedded model)")
     p.add_argument("--port", type=int, default=8400)
     p.add_argument("--out", default=str(BENCH / "results" / "single_stream.json"))
+    p.add_argument("--cells", nargs="+", default=None, metavar="NAME-CONCURRENCY",
+                   help="a subset of the table's cells, e.g. short-1 long-8 (default: all)")
     args = p.parse_args(argv)
+    cells = [c for c in CELLS if args.cells is None or f"{c.name}-{c.concurrency}" in args.cells]
+    if not cells:
+        p.error(f"--cells: none of {args.cells} is one of " + ", ".join(f"{c.name}-{c.concurrency}" for c in CELLS))
     from radixserve.runtime.models.loader import default_model_path
     model = args.model or str(default_model_path())
     available = systems(sys.executable)
@@ -172,9 +177,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 base = f"http://127.0.0.1:{args.port}/v1"
                 served = serving.served_model(base, None)
                 warm_up(base, served, args.max_tokens)
-                for i, cell in enumerate(CELLS):
+                for cell in cells:
                     # the same prompts for every system within a round, new ones each round
-                    rep = asyncio.run(run_cell(base, served, cell, 1000 * r + i, args.max_tokens))
+                    rep = asyncio.run(run_cell(base, served, cell, 1000 * r + CELLS.index(cell), args.max_tokens))
                     runs[name].setdefault(key(cell), []).append(rep)
                     print(f"round {r} {name:16} {key(cell):11} TPOT p50 {rep['tpot_s']['p50'] and rep['tpot_s']['p50'] * 1e3:.1f} ms"
                           f"  TTFT p50 {rep['ttft_s']['p50'] or 0:.2f} s  {rep['output_tokens_per_s']:.1f} tok/s"
@@ -184,7 +189,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 compare.stop(proc)
     report = {"machine": compare.machine(), "model": Path(model).name, "rounds": args.rounds,
               "max_tokens": args.max_tokens, "systems": {n: available[n].description for n in names},
-              "cells": [vars(c) for c in CELLS], "summary": summary(runs), "runs": runs,
+              "cells": [vars(c) for c in cells], "summary": summary(runs), "runs": runs,
               "command": "bench/single_stream.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     out = Path(args.out)
     out.write_text(json.dumps(report, indent=1) + "\n")
