@@ -1,0 +1,85 @@
+"""The engine's decode step for the shapes of bench/single_stream.py (one request at ~130 and ~3,000
+tokens of context, 8 requests at ~3,000), without a server: each shape's prompts are cached first,
+then a run of greedy decode steps is timed, less its first step (the prompts' last token).
+
+`--forms fused separate` alternates, shape by shape, the engine as it runs (a pure-decode step of a
+float32 model on block weights: one kernel call per decoder layer, runtime/models/fused_decode.py)
+with the same engine running each layer's ops as separate calls. The ratio to the floor comes from
+bench/results/decode_floor.json when bench/decode_floor.py has written it.
+
+    .venv/bin/python bench/decode_step.py                        # 5 repeats of each shape
+    .venv/bin/python bench/decode_step.py --forms fused separate --repeats 4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from radixserve.runtime.config import EngineConfig  # noqa: E402
+from radixserve.runtime.engine import Engine  # noqa: E402
+from radixserve.runtime.models.loader import load_model_files  # noqa: E402
+from radixserve.runtime.sampling_params import SamplingParams  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+SHAPES = ((1, 130), (1, 3000), (8, 3000))
+
+
+def step_ms(engine: Engine, batch: int, context: int, steps: int, seed: int) -> float:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(200, 40000) for _ in range(context)] for _ in range(batch)]
+    engine.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))   # cache the prompts
+    start = time.perf_counter()
+    engine.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0))   # their last token only
+    first = time.perf_counter() - start
+    steps_before, start = engine.steps, time.perf_counter()
+    engine.generate(prompts, SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True))
+    ms = (time.perf_counter() - start - first) / (engine.steps - steps_before - 1) * 1e3
+    engine.flush_cache()
+    return ms
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--forms", nargs="+", default=["fused"], choices=["fused", "separate"])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=48)
+    args = p.parse_args()
+    engine = Engine(EngineConfig(kv_cache_tokens=65536, max_running_requests=64), model_files=load_model_files(None))
+    fused = engine.model.fused_decode
+    floors = {}
+    if (RESULTS / "decode_floor.json").exists():
+        floors = {k: v["floor_ms"] for k, v in json.loads((RESULTS / "decode_floor.json").read_text())["shapes"].items()}
+    times: dict[tuple[str, str], list[float]] = {}
+    try:
+        step_ms(engine, 1, 50, 8, 0)   # warm-up
+        for rep in range(args.repeats):
+            for batch, context in SHAPES:
+                for form in args.forms if rep % 2 == 0 else args.forms[::-1]:
+                    engine.model.fused_decode = fused if form == "fused" else None
+                    ms = step_ms(engine, batch, context, args.steps, 1000 * rep + batch + context)
+                    times.setdefault((form, f"{batch}x{context}"), []).append(ms)
+                    print(f"repeat {rep} {form:8} {batch}x{context}: {ms:6.2f} ms", flush=True)
+    finally:
+        engine.shutdown()
+    print(f"\nform     shape    median ms (min-max)   / floor   (fused available: {fused is not None})")
+    report = {}
+    for (form, shape), ts in times.items():
+        med = statistics.median(ts)
+        floor = floors.get(shape)
+        ratio = f"{med / floor:5.2f}x" if floor else "   -"
+        print(f"{form:8} {shape:8} {med:7.2f} ({min(ts):.2f}-{max(ts):.2f})   {ratio}")
+        report.setdefault(form, {})[shape] = {"median_ms": med, "min_ms": min(ts), "max_ms": max(ts), "runs": ts,
+                                              "floor_ms": floor}
+    (RESULTS / "decode_step.json").write_text(json.dumps(report, indent=1) + "\n")
+    print("wrote", RESULTS / "decode_step.json")
+
+
+if __name__ == "__main__":
+    main()
