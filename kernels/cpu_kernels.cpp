@@ -1,12 +1,15 @@
 // CPU kernels of the decode step, compiled for the machine's own CPU on first use
-// (kernels/cpu_kernels.py: g++ -O3 -march=native -fopenmp). Plain C entry points over raw pointers,
-// called through ctypes: no torch headers, so a build takes seconds.
+// (kernels/cpu_kernels.py: g++ -O3 -march=native -fopenmp). Plain C entry points over raw pointers
+// and small structs, called through ctypes: no torch headers, so a build takes seconds.
 //
 // Each layer-step kernel does in one call what takes the torch path several ATen ops, and rounds
 // where the torch ops it replaces round (results in the model's dtype after each of them), so that
 // both paths agree to float rounding. The linear layers on block-quantized weights have no torch
-// counterpart: their rounding is their own (see there). Threads: OpenMP, which resolves to the libgomp torch has loaded, i.e.
-// the calling thread's own team (a second OpenMP runtime would halve decode speed here).
+// counterpart: their rounding is their own (see there). `decoder_layer` chains the same stages for
+// a whole layer. Threads: OpenMP, which resolves to the libgomp torch has loaded, i.e. the calling
+// thread's own team (a second OpenMP runtime would halve decode speed here). The stages are
+// written as "team" functions whose loops are orphaned worksharing constructs, so that one body
+// serves both a kernel's own parallel region and the layer's single one.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -3,7 +3,10 @@ use, cached on disk, called through ctypes.
 
 A decode step of a small model on the CPU is mostly per-op overhead (~35 ATen ops per layer before
 these kernels) and, at long contexts, gathering K/V rows into copies before attending to them.
-These kernels fuse each group of small ops into one call and read K/V straight from the pages.
+These kernels fuse each group of small ops into one call and read K/V straight from the pages;
+`decoder_layer` runs a whole layer of a pure-decode step in one call
+(runtime/models/fused_decode.py). Arguments that stay the same for a step or a layer go in as
+structs built once (`BlockMatrix`, `PagedDecode`, `LayerWeights`, `DecodeStep`, mirroring the C++).
 
 `load()` returns the kernels, or None where no C++ compiler works (the torch paths then serve,
 with the same results up to float rounding). Build: `g++ -O3 -march=native -fopenmp`, about two
