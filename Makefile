@@ -36,6 +36,7 @@ bench: setup
 	$(PIP) install -q -e '.[test,ray,bench]' $(TORCH_PIN)
 	HF_HUB_OFFLINE=1 $(PY) bench/offline.py
 	HF_HUB_OFFLINE=1 $(PY) bench/decode_floor.py
+	HF_HUB_OFFLINE=1 $(PY) bench/decode_step.py --forms fused separate --repeats 4
 	HF_HUB_OFFLINE=1 $(PY) bench/structured.py
 	HF_HUB_OFFLINE=1 $(PY) bench/bitmask.py --json bench/results/bitmask.json
 	HF_HUB_OFFLINE=1 $(PY) bench/prefix_workload.py

@@ -391,9 +391,9 @@ void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int6
       for (int64_t i = 0; i < heads * d; ++i) qf[m * heads * d + i] = to_f(qm[i]) * scale2;
     }
     // the item's whole K/V rows asked for at once (up to half of L2): each KV head's pass below
-    // reads a slice of every row, which the hardware prefetcher follows poorly (one user at 130 /
-    // 3000 tokens: 0.54-0.58 / 12.0-12.3 ms a step vs 0.61-0.84 / 12.9-16.2, alternating runs of
-    // the instrumented kernel on SmolLM2's shapes)
+    // reads a slice of every row, which the hardware prefetcher follows poorly (attention's share
+    // of a step at one user, 130 / 3,000 tokens, fell ~10-25% in alternating runs of a stage-timed
+    // build; bench/decode_step.py times the whole step)
     const int64_t ahead = std::min<int64_t>(n, (256 << 10) / (2 * width * int64_t(sizeof(T))));
     for (int64_t j = 0; j < ahead; ++j) {
       const int64_t t = start + j, slot = pages[t / p.page_size] * p.page_size + t % p.page_size;
@@ -539,7 +539,8 @@ inline void quantize_blocks(const float* x, int64_t blocks, int16_t* xq, float* 
     const float* xb = x + tb * QBLOCK;
     int16_t* qb = xq + tb * QBLOCK;
 #if defined(__AVX2__) && defined(__FMA__)
-    // a scalar loop here cost ~10 us a layer at one token (the SiLU output, 48 blocks)
+    // the scalar loop below did not vectorise: at one token it was the larger part of a layer's
+    // SiLU stage
     __m256 v[4], top8 = _mm256_setzero_ps(), sum8 = _mm256_setzero_ps();
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int i = 0; i < 4; ++i) {
@@ -583,9 +584,10 @@ struct BlockMatrix {
   int64_t rows, cols, bits;  // bits: 4 (Q4) or 8 (Q8)
 };
 
-// Rows a tile asks the memory for ahead of reading them: the hardware prefetcher alone left an
-// 8-bit LM head (576 bytes a row) waiting on memory, at 5.0 ns a block on one thread vs 2.0 with
-// this (a C++ harness over a 49152 x 576 Q8 weight; 4-bit rows: 1.5 vs 1.3 ns)
+// Rows a tile asks the memory for ahead of reading them: the hardware prefetcher alone left the
+// 8-bit LM head (576 bytes a row) waiting on memory, at ~2.5x the time a block takes with this
+// (a one-off C++ loop over a 49152 x 576 Q8 weight; in the engine the LM head went from ~2.0 to
+// ~1.1-1.5 ms a step, bench/decode_floor.py's "linear layers + LM head" from 8.3 to 5.0 ms)
 constexpr int64_t PREFETCH_ROWS = 8;
 
 // out [n, rows] = x [n, cols] times the weight^T (+ bias), from x as quantize_blocks leaves it.
