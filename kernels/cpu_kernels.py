@@ -224,7 +224,7 @@ class PagedDecode(ctypes.Structure):
            scale: float) -> "PagedDecode":
         """A step's decodes as `plan` lays them out, on caches [layers, pages, page_size, kv_heads, dim]
         (any float dtype of SUFFIX) and the page table [requests, max pages] (int64)."""
-        layers, pages, page_size, kv_heads, dim = k_cache.shape
+        _, _, page_size, kv_heads, dim = k_cache.shape
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
         assert table.dtype == torch.int64 and table.stride(1) == 1 and dim <= MAX_HEAD_DIM
         heads = plan.partials.shape[1]
