@@ -9,6 +9,7 @@ bench/results/decode_floor.json when bench/decode_floor.py has written it.
 
     .venv/bin/python bench/decode_step.py                        # 5 repeats of each shape
     .venv/bin/python bench/decode_step.py --forms fused separate --repeats 4
+    .venv/bin/python bench/decode_step.py --shapes 1x130 32x130 --json bench/results/decode_step_b1_b32.json
 """
 from __future__ import annotations
 
@@ -50,7 +51,11 @@ def main() -> None:
     p.add_argument("--forms", nargs="+", default=["fused"], choices=["fused", "separate"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--shapes", nargs="+", default=[f"{b}x{c}" for b, c in SHAPES],
+                   help="requests x context tokens, e.g. 1x130 32x130")
+    p.add_argument("--json", type=Path, default=RESULTS / "decode_step.json")
     args = p.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     engine = Engine(EngineConfig(kv_cache_tokens=65536, max_running_requests=64), model_files=load_model_files(None))
     fused = engine.model.fused_decode
     floors = {}
@@ -60,7 +65,7 @@ def main() -> None:
     try:
         step_ms(engine, 1, 50, 8, 0)   # warm-up
         for rep in range(args.repeats):
-            for batch, context in SHAPES:
+            for batch, context in shapes:
                 for form in args.forms if rep % 2 == 0 else args.forms[::-1]:
                     engine.model.fused_decode = fused if form == "fused" else None
                     ms = step_ms(engine, batch, context, args.steps, 1000 * rep + batch + context)
@@ -77,8 +82,8 @@ def main() -> None:
         print(f"{form:8} {shape:8} {med:7.2f} ({min(ts):.2f}-{max(ts):.2f})   {ratio}")
         report.setdefault(form, {})[shape] = {"median_ms": med, "min_ms": min(ts), "max_ms": max(ts), "runs": ts,
                                               "floor_ms": floor}
-    (RESULTS / "decode_step.json").write_text(json.dumps(report, indent=1) + "\n")
-    print("wrote", RESULTS / "decode_step.json")
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print("wrote", args.json)
 
 
 if __name__ == "__main__":

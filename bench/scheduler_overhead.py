@@ -8,9 +8,11 @@ Also times one `lpm` ordering pass for growing queue lengths, which is what deci
 falls back to queue order (CACHE_AWARE_MAX_QUEUE). Writes bench/results/scheduler_overhead.json.
 
     .venv/bin/python bench/scheduler_overhead.py
+    .venv/bin/python bench/scheduler_overhead.py --waiting 256 --json bench/results/scheduler_overhead_256.json
 """
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import statistics
@@ -86,9 +88,13 @@ def ordering_cost(policy_cls, lengths=(32, 64, 128, 256, 512, 1000)) -> list[dic
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--waiting", type=int, nargs="+", default=[128, N_WAITING], help="queue lengths to time")
+    p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "scheduler_overhead.json")
+    args = p.parse_args()
     results = {
-        "step_overhead": [step_overhead(p, n, bound) for bound in ("slots", "pages")
-                          for p in ("lpm", "dfs-weight", "fcfs") for n in (128, N_WAITING)],
+        "step_overhead": [step_overhead(policy, n, bound) for bound in ("slots", "pages")
+                          for policy in ("lpm", "dfs-weight", "fcfs") for n in args.waiting],
         "lpm_ordering_no_fallback": ordering_cost(LongestPrefixPolicy),
         "dfs_weight_ordering_no_fallback": ordering_cost(DFSWeightPolicy),
     }
@@ -98,7 +104,7 @@ def main() -> None:
               f"mean {row['mean_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms, max {row['max_ms']:.2f} ms")
     for key in ("lpm_ordering_no_fallback", "dfs_weight_ordering_no_fallback"):
         print(key + ": " + ", ".join(f"{r['waiting']}: {r['ms']:.2f} ms" for r in results[key]))
-    out = ROOT / "bench" / "results" / "scheduler_overhead.json"
+    out = args.json.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
