@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    from radixserve.runtime.engine_client import EngineRefusal
     from radixserve.runtime.models.loader import ModelLoadError
 
     try:
@@ -113,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args)
         if args.command == "serve":
             return cmd_serve(args, engine_config)
-    except (ModelLoadError, ValueError) as e:
+    except (ModelLoadError, ValueError, EngineRefusal) as e:
         print(f"radixserve: error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, ValueError) else 1
+        return 1 if isinstance(e, ModelLoadError) else 2
     except KeyboardInterrupt:
         return 130
     return 0

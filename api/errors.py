@@ -1,16 +1,25 @@
 """OpenAI error bodies (`{"error": {"message", "type", "param", "code"}}`) for every failure the
-server reports, and the exception handlers that produce them. No traceback ever reaches a client."""
+server reports, and the exception handlers that produce them. No traceback ever reaches a client.
+
+An engine's refusal (`EngineRefusal`, whichever engine client raised it) becomes HTTP here and
+nowhere else: its kind picks the status and code, its field (named as the endpoint's request
+names it, `RequestFields`) becomes `param`. A schema refusal's `param` also points at the refused
+keyword: the field, then `#` and the JSON pointer of the keyword inside the schema, e.g.
+`response_format#/properties/tags/uniqueItems`."""
 from __future__ import annotations
 
 import json
 import logging
-import re
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from radixserve.runtime.engine_client import EngineRefusal, RefusalKind
 
 log = logging.getLogger("radixserve.api")
 
@@ -59,8 +68,43 @@ def loading() -> APIError:
                     headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
+def engine_stopped(reason: Optional[str]) -> APIError:
+    return APIError(503, f"the engine has stopped and cannot serve: {reason or 'shut down'}",
+                    code="engine_stopped")
+
+
 def internal_error(request_id: str) -> APIError:
     return APIError(500, f"internal server error (request {request_id}); see the server log", code="internal_error")
+
+
+@dataclass(frozen=True)
+class RequestFields:
+    """How one endpoint's request names the engine's fields, for the refusals it may get."""
+    renames: Mapping[str, str] = field(default_factory=dict)   # engine field -> request field
+    constraint: Optional[str] = None                            # the field that set the constraint
+
+    def name(self, engine_field: Optional[str]) -> Optional[str]:
+        if engine_field == "constraint" and self.constraint:
+            return self.constraint
+        return self.renames.get(engine_field, engine_field) if engine_field else None
+
+
+def refusal_error(refusal: EngineRefusal, fields: RequestFields = RequestFields()) -> APIError:
+    """The one mapping of engine refusals to HTTP."""
+    kind = refusal.kind
+    if kind is RefusalKind.OVERLOADED:
+        return overloaded(refusal.message)
+    if kind is RefusalKind.STOPPED:
+        return engine_stopped(refusal.message)
+    param = fields.name(refusal.field)
+    if kind is RefusalKind.CONTEXT_LENGTH:
+        return bad_request(refusal.message, param=param, code="context_length_exceeded")
+    message = f"{param}: {refusal.message}" if param else refusal.message
+    if kind is RefusalKind.GRAMMAR:
+        if param and refusal.pointer:
+            param = f"{param}#{refusal.pointer}"
+        return bad_request(message, param=param, code="invalid_grammar")
+    return bad_request(message, param=param)
 
 
 def field_path(loc: Sequence[Any]) -> Optional[str]:
@@ -79,7 +123,6 @@ def field_path(loc: Sequence[Any]) -> Optional[str]:
     return "".join(parts) or None
 
 
-_LEADING_FIELD = re.compile(r"^([a-z_]+): ")
 _TYPE_LABELS = {"str", "int", "float", "bool", "dict", "list", "none", "json-or-python"}
 
 
@@ -91,9 +134,8 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         return bad_request(f"malformed JSON body{': ' + str(detail) if detail else ''}", code="invalid_json")
     param = field_path(first.get("loc", ()))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    named = _LEADING_FIELD.match(msg)
-    if param is None and named:  # a whole-body check names its field in the message
-        return bad_request(msg, param=named.group(1))
+    if param is None and first.get("type") == "body_field":  # a whole-body check names its field
+        return bad_request(msg, param=first["ctx"]["field"])
     if first.get("type") == "missing":
         msg = "required field is missing"
     elif first.get("type") == "extra_forbidden":
@@ -103,10 +145,27 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     return bad_request(f"{param}: {msg}" if param else msg, param=param)
 
 
+# nginx's "client closed request": nobody reads it, it only shows in the access log.
+CLIENT_CLOSED_REQUEST = 499
+
+
+class ClientDisconnected(Exception):
+    """The client went away; nothing is sent."""
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(EngineRefusal)
+    async def _refused(request: Request, exc: EngineRefusal) -> JSONResponse:
+        # a handler that submits to the engine names its request's fields first (request.state.fields)
+        return refusal_error(exc, getattr(request.state, "fields", RequestFields())).response()
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(_: Request, __: ClientDisconnected) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -19,8 +19,8 @@ from typing import Callable, Optional
 
 import uvicorn
 
-from radixserve.api.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WATCHDOG_TIMEOUT, Lifecycle
-from radixserve.api.response_store import DEFAULT_RESPONSE_STORE_SIZE
+from radixserve.api.shell.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WATCHDOG_TIMEOUT, Lifecycle
+from radixserve.api.responses.store import DEFAULT_RESPONSE_STORE_SIZE
 from radixserve.runtime.config import EngineConfig
 
 log = logging.getLogger("radixserve")
@@ -110,7 +110,7 @@ def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespac
             import ray.serve  # noqa: F401  (imported only on this path)
         except ModuleNotFoundError:
             raise ValueError("--replicas needs Ray Serve: pip install 'radixserve[ray]'") from None
-        from radixserve.api.ray_serve import cmd_serve_replicas
+        from radixserve.api.cluster.serve import cmd_serve_replicas
         return cmd_serve_replicas(args, make_config)
     config = make_config(args)
     config.validate()  # bad flags fail before anything listens

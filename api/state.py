@@ -1,23 +1,26 @@
-"""What every handler needs: the engine (absent while the model loads), the served model name,
-the metrics, per-model caches and the stored Responses."""
+"""What every handler needs: the engine client (absent while the model loads; the in-process
+Engine or the Ray replicas' client), the served model name, the metrics, per-model caches and the
+stored Responses. Routers reach it with `Depends(server_state)`."""
 from __future__ import annotations
 
 import time
 from typing import Optional
 
-from radixserve.api.errors import APIError, loading
-from radixserve.api.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, Lifecycle, engine_stopped
-from radixserve.api.logprobs import TokenTexts
-from radixserve.api.metrics import ServerMetrics
-from radixserve.api.response_store import DEFAULT_RESPONSE_STORE_SIZE, ResponseStore
-from radixserve.runtime.engine import Engine
+from starlette.requests import Request
+
+from radixserve.api.errors import APIError, engine_stopped, loading
+from radixserve.api.openai.logprobs import TokenTexts
+from radixserve.api.responses.store import DEFAULT_RESPONSE_STORE_SIZE, ResponseStore
+from radixserve.api.shell.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, Lifecycle
+from radixserve.api.shell.metrics import ServerMetrics
+from radixserve.runtime.engine_client import EngineClient
 
 
 class ServerState:
-    def __init__(self, engine: Optional[Engine], served_model_name: Optional[str], api_key: Optional[str],
+    def __init__(self, engine: Optional[EngineClient], served_model_name: Optional[str], api_key: Optional[str],
                  watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT,
                  response_store_size: int = DEFAULT_RESPONSE_STORE_SIZE, schema_in_prompt: bool = True):
-        self.engine: Optional[Engine] = None
+        self.engine: Optional[EngineClient] = None
         self._served_model_name = served_model_name
         self.api_key = api_key or None
         self.schema_in_prompt = schema_in_prompt  # chat's response_format schema also stated in the prompt
@@ -29,7 +32,7 @@ class ServerState:
         if engine is not None:
             self.attach(engine)
 
-    def attach(self, engine: Engine) -> None:
+    def attach(self, engine: EngineClient) -> None:
         """The model is loaded: start answering."""
         self.token_texts = TokenTexts(engine.tokenizer)
         self.engine = engine
@@ -44,7 +47,7 @@ class ServerState:
             return self._served_model_name
         return self.engine.model_name if self.engine is not None else None
 
-    def require_engine(self) -> Engine:
+    def require_engine(self) -> EngineClient:
         if self.engine is None:
             raise loading()
         health = self.engine.health()
@@ -59,3 +62,7 @@ class ServerState:
             raise APIError(404, f"The model {model!r} does not exist; this server serves {served!r}",
                            param="model", code="model_not_found", error_type="invalid_request_error")
         return served
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server

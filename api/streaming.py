@@ -1,11 +1,16 @@
-"""Server-sent events: each chunk as one `data: {json}` event, then `data: [DONE]`."""
+"""How a reply reaches the client: server-sent events (each chunk as one `data: {json}` event,
+then `data: [DONE]`), and work that stops when the client goes away."""
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
+from starlette.requests import Request
+
+from radixserve.api.errors import ClientDisconnected
 
 # Keep-alive comments for proxies during long prefills; clients ignore them.
 PING_SECONDS = 15
@@ -25,3 +30,28 @@ def sse_response(chunks: AsyncIterator[dict[str, Any]], on_close: Callable[[], N
 
     return EventSourceResponse(events(), sep="\n", ping=PING_SECONDS, background=BackgroundTask(on_close),
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def until_disconnected(http: Request, work, on_disconnect: Callable[[], None]) -> None:
+    """Run `work` (awaitable) unless the client disconnects first; then call `on_disconnect` and
+    raise ClientDisconnected."""
+    work_task = asyncio.ensure_future(work)
+    watch = asyncio.create_task(_wait_for_disconnect(http))
+    try:
+        done, _ = await asyncio.wait({work_task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if work_task in done:
+            work_task.result()
+            return
+        on_disconnect()
+        raise ClientDisconnected()
+    finally:
+        watch.cancel()
+        if not work_task.done():
+            work_task.cancel()
+
+
+async def _wait_for_disconnect(http: Request) -> None:
+    while True:
+        message = await http.receive()
+        if message["type"] == "http.disconnect":
+            return

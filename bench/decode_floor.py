@@ -26,7 +26,8 @@ import torch  # noqa: E402
 
 from radixserve.runtime.models.llama import LlamaForCausalLM  # noqa: E402
 from radixserve.runtime.models.loader import load_model_files  # noqa: E402
-from radixserve.runtime.platform import cpu_flags, pick_dtype  # noqa: E402
+from radixserve.runtime.cpu_tuning import cpu_flags  # noqa: E402
+from radixserve.runtime.platform import get_platform, pick_dtype  # noqa: E402
 
 # (batch, tokens of context per request)
 SHAPES = ((1, 300), (8, 300), (32, 300), (1, 130), (1, 3000), (8, 3000))
@@ -79,7 +80,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     files = load_model_files(None)
     dtype = pick_dtype("auto", torch.device("cpu"))
-    model = LlamaForCausalLM(files.config, files.weights, dtype, torch.device("cpu"), files.quantized)
+    model = LlamaForCausalLM(files.config, files.weights, dtype, get_platform(torch.device("cpu")), files.quantized)
     flags = cpu_flags()
     report = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                          f"torch {torch.__version__}, {torch.get_num_threads()} threads",

@@ -65,6 +65,7 @@ try:
     from radixserve.runtime.kv_cache import KVCache
     from radixserve.runtime.models.llama import LlamaForCausalLM
     from radixserve.runtime.models.random_init import random_weights
+    from radixserve.runtime.platform import get_platform
     MODEL_IMPORT_ERROR = None
 except ImportError as e:  # pragma: no cover - only while internals move
     MODEL_IMPORT_ERROR = f"{type(e).__name__}: {e}"
@@ -221,7 +222,7 @@ def _num_sms(device) -> int:
 # ---- 3. decode throughput ----------------------------------------------------------------------
 def run_layout(model, attn, layout, device):
     """One forward of a layout, as ModelRunner runs it: the backend builds its own metadata."""
-    return model.forward(ForwardBatch.of(layout, attn.prepare(layout), device), attn)
+    return model.forward(ForwardBatch.of(layout, attn.prepare(layout), get_platform(device)), attn)
 
 
 def our_decode(model, attn, kv: KVCache, table, batch: int, ctx: int, steps: int, graphs) -> float:
@@ -264,13 +265,13 @@ def hf_decode(hf, batch: int, ctx: int, steps: int, device) -> float:
 def check_decode_throughput(s: dict, device) -> tuple[list[dict], object, object, object, object]:
     cfg, dtype, p = s["model"], s["dtype"], s["page"]
     max_b, ctx, steps = max(s["decode_batches"]), s["decode_context"], s["decode_steps"]
-    model = LlamaForCausalLM(cfg, random_weights(cfg, dtype, device), dtype, device)
+    model = LlamaForCausalLM(cfg, random_weights(cfg, dtype, device), dtype, get_platform(device))
     per_req = -(-(ctx + steps + 4) // p)
     pages = max(max_b * per_req, s["prefill_requests"] * -(-s["prefill_len"] // p))
     kv = KVCache(cfg.num_layers, pages, p, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     table = torch.arange(max_b * per_req, device=device).view(max_b, per_req)
-    attn = TritonAttentionBackend(kv, table, cfg.num_heads)
-    graphs = DecodeGraphRunner(model, attn, max_b, cfg.max_context_len, kv.pad_page * p, device,
+    attn = TritonAttentionBackend(kv, table, cfg.num_heads, get_platform(device))
+    graphs = DecodeGraphRunner(model, attn, attn.graphs, max_b, cfg.max_context_len, kv.pad_page * p, device,
                                capture=device.type == "cuda")
     rows = []
     for b in s["decode_batches"]:
@@ -305,7 +306,7 @@ def check_prefill(s: dict, model, kv: KVCache, device) -> list[dict]:
     p, n_req, length = kv.k.shape[2], s["prefill_requests"], s["prefill_len"]
     per_req = -(-length // p)
     table = torch.arange(n_req * per_req, device=device).view(n_req, per_req)
-    attn = TritonAttentionBackend(kv, table, model.cfg.num_heads)   # over this table of prefills
+    attn = TritonAttentionBackend(kv, table, model.cfg.num_heads, get_platform(device))   # over this table of prefills
     host_table, rows = table.tolist(), []
     for cached in (0, s["prefill_cached"]):
         new = length - cached

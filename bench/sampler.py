@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 # what the engine does to malloc at start, so that multi-MB temporaries do not fault in pages each step
-from radixserve.runtime.platform import retain_freed_memory
+from radixserve.runtime.cpu_tuning import retain_freed_memory
 from radixserve.runtime.request import OutputStream, Request
 from radixserve.runtime.sampler import Sampler
 from radixserve.runtime.sampling_params import SamplingParams

@@ -72,7 +72,9 @@ def normalise_json_schema(schema: Any, support: SchemaSupport, where: str = "jso
         cls.check_schema(schema)
     except jsonschema_errors.SchemaError as e:
         pointer = "".join(f"/{escape(str(p))}" for p in e.absolute_path)
-        raise SchemaRefusal(str(e.validator), pointer, f"invalid schema: {e.message}", where) from None
+        # `keyword` is the metaschema's that caught it; the invalid value itself is at `pointer`
+        raise SchemaRefusal(str(e.validator), pointer, f"invalid schema: {e.message}", where,
+                            location=pointer) from None
     return _Normaliser(schema, cls, support, where).run()
 
 
@@ -94,7 +96,7 @@ class _Normaliser:
         except Unsatisfiable as e:
             raise SchemaRefusal(e.keyword, e.pointer, f"the schema is unsatisfiable: {e.reason}", self.where) from None
         if top is False:
-            raise SchemaRefusal("false", "", "the schema is false: no value satisfies it", self.where)
+            raise SchemaRefusal("false", "", "the schema is false: no value satisfies it", self.where, location="")
         out = dict(top)
         defs = self.reachable(out)
         if defs:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from radixserve.grammar.number_bounds import OUTLINES_DIGIT_KEYWORDS
+from radixserve.grammar.schema_refs import escape
 from radixserve.grammar.spec import GrammarError
 
 # Assertions that neither backend turns into grammar rules.
@@ -22,12 +23,15 @@ UNENFORCED_BY_ALL = frozenset({
 
 class SchemaRefusal(GrammarError):
     """A schema that cannot be enforced exactly. `keyword` and `pointer` (a JSON pointer into the
-    schema as the request sent it) say where; the message repeats them for people."""
+    schema as the request sent it, to the subschema holding the keyword) say where; the message
+    repeats them for people. `location` points at the refused keyword itself."""
 
-    def __init__(self, keyword: str, pointer: str, reason: str, where: str = "json_schema"):
+    def __init__(self, keyword: str, pointer: str, reason: str, where: str = "json_schema",
+                 location: Optional[str] = None):
         self.keyword = keyword
         self.pointer = pointer or "/"
         self.reason = reason
+        self.location = location if location is not None else f"{self.pointer.rstrip('/')}/{escape(keyword)}"
         super().__init__(f"{where}: {reason} at {self.pointer}")
 
 

@@ -76,6 +76,25 @@ class RadixCache:
         self.root = TreeNode(lock_ref=1)  # the root is never evicted
         self.evictable_size = 0
         self.protected_size = 0
+        self.num_nodes = 0
+        # (last_access, tie, node) of leaves that may be evictable, pushed whenever a node becomes an
+        # unlocked leaf or is used again as one; an entry is stale once its node changed since, and
+        # is skipped when popped. Eviction then costs O(log n) a leaf, not a walk of the whole tree.
+        self._leaves: list[tuple[int, int, TreeNode]] = []
+        self._tie = itertools.count()
+
+    def _offer(self, node: TreeNode) -> None:
+        """`node` may have become an evictable leaf, or been used again as one."""
+        if node.is_leaf and node.lock_ref == 0 and node is not self.root:
+            heapq.heappush(self._leaves, (node.last_access, next(self._tie), node))
+            if len(self._leaves) > 2 * self.num_nodes + 64:   # mostly stale: rebuild, amortised O(1)
+                self._leaves = [e for e in self._leaves if self._current(e)]
+                heapq.heapify(self._leaves)
+
+    @staticmethod
+    def _current(entry: tuple[int, int, TreeNode]) -> bool:
+        access, _, node = entry
+        return node.parent is not None and node.is_leaf and node.lock_ref == 0 and node.last_access == access
 
     # ---- queries -------------------------------------------------------
     @property
@@ -106,6 +125,7 @@ class RadixCache:
             pages.extend(child.pages)
             node = child
             tokens = tokens[n:]
+        self._offer(node)   # its access time moved
         return pages, node
 
     def match_length(self, tokens: list[int], limit: int) -> tuple[int, TreeNode]:
@@ -177,6 +197,8 @@ class RadixCache:
                 leaf = TreeNode(key=list(tokens), pages=list(pages), parent=node, last_access=now)
                 node.children[self._child_key(tokens)] = leaf
                 self.evictable_size += len(tokens)
+                self.num_nodes += 1
+                node = leaf
                 break
             child.last_access = now
             n = common_prefix_len(child.key, tokens, p)
@@ -187,6 +209,7 @@ class RadixCache:
             present += n
             node = child
             tokens, pages = tokens[n:], pages[n // p:]
+        self._offer(node)   # its access time moved
         return InsertResult(present, duplicates)
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
@@ -200,6 +223,8 @@ class RadixCache:
         child.key, child.pages, child.parent = child.key[n:], child.pages[k:], upper
         child.hashes = None if child.hashes is None else child.hashes[k:]
         upper.children[self._child_key(child.key)] = child
+        self.num_nodes += 1
+        self._offer(child)   # callers touch `child` just before they split it
         return upper
 
     def lock(self, node: TreeNode) -> None:
@@ -218,23 +243,26 @@ class RadixCache:
             if node.lock_ref == 0:
                 self.evictable_size += len(node.key)
                 self.protected_size -= len(node.key)
+                self._offer(node)
             node = node.parent
 
     def evict(self, n_tokens: int) -> list[int]:
         """Drop at least `n_tokens` (if possible) from LRU unlocked leaves; return their pages."""
-        heap = [n for n in self._nodes() if n.is_leaf and n.lock_ref == 0]
-        heapq.heapify(heap)
         dropped: list[int] = []
         evicted = 0
-        while heap and evicted < n_tokens:
-            leaf = heapq.heappop(heap)
+        while self._leaves and evicted < n_tokens:
+            entry = heapq.heappop(self._leaves)
+            if not self._current(entry):
+                continue
+            leaf = entry[2]
             dropped.extend(leaf.pages)
             evicted += len(leaf.key)
             self.evictable_size -= len(leaf.key)
+            self.num_nodes -= 1
             parent = leaf.parent
             del parent.children[self._child_key(leaf.key)]
-            if parent is not self.root and parent.is_leaf and parent.lock_ref == 0:
-                heapq.heappush(heap, parent)
+            leaf.parent = None   # detached: its stale heap entries are skipped
+            self._offer(parent)
         return dropped
 
     def reset(self) -> list[int]:

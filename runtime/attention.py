@@ -1,24 +1,37 @@
 """Attention backends: each builds the metadata its kernels need from a backend-neutral
 `BatchLayout` (`prepare`), and the model calls `forward(layer, q, k, v, batch)` with the batch
-that carries it, never knowing which backend runs."""
+that carries it, never knowing which backend runs. What only some backends offer is a capability
+attribute, None elsewhere, read once when the runner is built: `graphs` (CUDA-graph capture and
+replay, the Triton backend) and `paged_decode` (the whole-layer CPU kernels' view of a step)."""
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 
-from radixserve.runtime.attention_cpu import CpuAttentionBackend
-from radixserve.runtime.attention_torch import TorchAttentionBackend
+from radixserve.runtime.attention_cpu import cpu_attention_backend
+from radixserve.runtime.attention_torch import torch_attention_backend
 from radixserve.runtime.attention_triton import TritonAttentionBackend
 from radixserve.runtime.config import ATTENTION_BACKENDS
 from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
 from radixserve.runtime.kv_cache import KVCache
 from radixserve.runtime.models.layer_ops import KERNEL_DTYPES
-from radixserve.runtime.platform import get_platform
+from radixserve.runtime.platform import Platform
+
+
+class GraphHooks(Protocol):
+    def decode_metadata(self, rows: torch.Tensor, lens: torch.Tensor, max_len: int) -> Any:
+        """Metadata of a decode-only step on static tensors (a graph's inputs)."""
+        ...
+
+    def after_capture(self) -> None:
+        """Undo what capturing wrote (e.g. dummy K/V in the padding page)."""
+        ...
 
 
 class AttentionBackend(Protocol):
-    supports_decode_graphs: bool   # offers `decode_metadata` on static tensors, for CUDA graphs
+    graphs: Optional[GraphHooks]
+    paged_decode: Optional[Callable[[Any], Any]]   # this step's metadata -> kernels' PagedDecode, or None
 
     def prepare(self, layout: BatchLayout) -> Any:
         """This step's metadata (index tensors on the device), opaque to everyone else."""
@@ -29,32 +42,27 @@ class AttentionBackend(Protocol):
         """q: [T, heads, dim], k/v: [T, kv_heads, dim] -> [T, heads, dim]; stores k/v in the cache."""
         ...
 
-    def paged_decode(self, batch: ForwardBatch) -> Any:
-        """A pure-decode step's attention as the CPU kernels' whole-layer call reads it
-        (kernels/cpu_kernels.py's PagedDecode); None where this backend or step has none."""
-        ...
 
-
-def resolve_attention_backend(name: str, device: torch.device) -> str:
-    """`auto`: the device's platform decides (Triton on CUDA when installed, the C++ kernels on the
-    CPU where they build, torch elsewhere)."""
+def resolve_attention_backend(name: str, platform: Platform) -> str:
+    """`auto`: the platform decides (Triton on CUDA when installed, the C++ kernels on the CPU
+    where they build, torch elsewhere)."""
     if name == "auto":
-        return get_platform(device).default_attention_backend()
+        return platform.default_attention_backend()
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}")
     return name
 
 
-def make_attention_backend(name: str, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int) -> AttentionBackend:
-    device = kv_cache.k.device
-    resolved = resolve_attention_backend(name, device)
+def make_attention_backend(name: str, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int,
+                           platform: Platform) -> AttentionBackend:
+    resolved = resolve_attention_backend(name, platform)
     if resolved == "triton":
-        return TritonAttentionBackend(kv_cache, page_table, num_heads)
+        return TritonAttentionBackend(kv_cache, page_table, num_heads, platform)
     if resolved == "cpu":
-        kernels = get_platform(device).kernels() if device.type == "cpu" else None
+        kernels = platform.kernels()
         if kernels is not None and kv_cache.k.dtype in KERNEL_DTYPES:
-            return CpuAttentionBackend(kv_cache, page_table, num_heads, kernels)
+            return cpu_attention_backend(kv_cache, page_table, num_heads, kernels)
         if name != "auto":
             raise ValueError("attention backend cpu needs the CPU kernels (a C++ compiler) and a float32 or "
                              "bfloat16 KV cache on the CPU")
-    return TorchAttentionBackend(kv_cache, page_table, num_heads)
+    return torch_attention_backend(kv_cache, page_table, num_heads)

@@ -1,11 +1,12 @@
-"""The plain-torch attention backend (the CPU path) and the metadata it builds for a step: one
-batched call for decodes (cached prefixes that several decodes share are scored once for all of
-them), one call per group of extend segments after the same cached prefix, SDPA for the rest."""
+"""Attention on host torch ops (the CPU paths): a backend composed of the torch extend path and a
+decode path chosen at build: the torch one here (one batched call; cached prefixes that several
+decodes share are scored once for all of them), or the C++ kernels' (runtime/attention_cpu.py).
+Extends: one call per group of segments after the same cached prefix, SDPA for the rest."""
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 
@@ -70,54 +71,57 @@ class ScoredExtend:
 
 
 @dataclass
-class TorchAttentionMetadata:
+class TorchDecodeMetadata:
+    kv_rows: torch.Tensor                   # [num_decode, kv_heads, L] past any shared prefix
+    bias: torch.Tensor                      # [num_decode, 1, 1, L] float32: 0 = attend, -inf = not
+    value_bags: torch.Tensor                # value_bags(kv_rows), the same for every layer
+    shared: Optional[SharedPrefixes]        # cached prefixes that groups of decodes share
+
+
+@dataclass
+class HostAttentionMetadata:
     num_decode: int
-    decode_kv_rows: Optional[torch.Tensor] = None     # [num_decode, kv_heads, L] past any shared prefix
-    decode_bias: Optional[torch.Tensor] = None        # [num_decode, 1, 1, L] float32: 0 = attend, -inf = not
-    decode_value_bags: Optional[torch.Tensor] = None  # value_bags(decode_kv_rows), the same for every layer
-    decode_shared: Optional[SharedPrefixes] = None    # cached prefixes that groups of decodes share
+    decodes: Any = None                     # the decode path's own metadata (None without decodes)
     sdpa_extends: list[SdpaExtend] = field(default_factory=list)
     scored_extends: list[ScoredExtend] = field(default_factory=list)
 
 
-class TorchAttentionBackend:
-    supports_decode_graphs = False
-    metadata_type = TorchAttentionMetadata
+class DecodePath(Protocol):
+    """How a host backend attends its decode rows; each path builds its own metadata."""
+
+    def prepare(self, decodes: list[DecodeSeq]) -> Any:
+        """Called every step, with [] for a step without decodes (None is then the metadata)."""
+        ...
+
+    def forward(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: Any) -> torch.Tensor: ...
+
+
+class TorchExtends:
+    """Extend segments: those after the same cached whole pages scored in one call, SDPA for the rest."""
 
     def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int):
-        self.kv = kv_cache
+        self.kv, self.table, self.heads = kv_cache, page_table, num_heads
         _, _, self.page_size, self.kv_heads, head_dim = kv_cache.k.shape
-        self.heads = num_heads
-        self.query_group = num_heads // self.kv_heads   # query heads per KV head
         self.scale = head_dim ** -0.5
-        self.table = page_table
         self.device = page_table.device
         self._page_offsets = torch.arange(self.page_size, device=self.device)
-        # (pages of each shared prefix, their gathered K/V by layer) of the previous step, if it had any
-        self._kept_prefixes: tuple[tuple, dict] | None = None
 
-    # ---- metadata -------------------------------------------------------------------------
-    def prepare(self, layout: BatchLayout) -> TorchAttentionMetadata:
-        meta = self.metadata_type(layout.num_decode)
-        contexts = [self._context_slots(s) if s.prefix_len else None for s in layout.extends]
-        meta.scored_extends, scored = self._scored_extends(layout.extends, contexts)
+    def prepare(self, extends: list[ExtendSeq], meta: HostAttentionMetadata) -> None:
+        contexts = [self._context_slots(s) if s.prefix_len else None for s in extends]
+        meta.scored_extends, scored = self._scored_extends(extends, contexts)
         meta.sdpa_extends = [SdpaExtend(slice(s.start, s.start + s.length), s.prefix_len, ctx)
-                             for i, (s, ctx) in enumerate(zip(layout.extends, contexts)) if i not in scored]
-        if layout.decodes:
-            self._prepare_decodes(layout.decodes, meta)
-        if meta.decode_shared is None:
-            self._kept_prefixes = None
-        return meta
+                             for i, (s, ctx) in enumerate(zip(extends, contexts)) if i not in scored]
 
-    def _prepare_decodes(self, decodes: list[DecodeSeq], meta: TorchAttentionMetadata) -> None:
-        groups = shared_prefix_groups(decodes, self.page_size)
-        shared_pages = [0] * len(decodes)
-        for members, n in groups:
-            for i in members:
-                shared_pages[i] = n
-        meta.decode_kv_rows, meta.decode_bias = self._decode_rows(decodes, shared_pages)
-        meta.decode_value_bags = value_bags(meta.decode_kv_rows, self.query_group)
-        meta.decode_shared = self._shared_prefixes(decodes, groups) if groups else None
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, meta: HostAttentionMetadata, out: torch.Tensor) -> None:
+        for scored in meta.scored_extends:
+            out.index_copy_(0, scored.rows, scored_extend_attention(q.index_select(0, scored.rows), k_cache,
+                                                                    v_cache, scored.context, self.scale))
+        for seg in meta.sdpa_extends:
+            rows = seg.rows
+            out[rows] = extend_attention(q[rows], k[rows], v[rows], k_cache, v_cache,
+                                         seg.context_slots, seg.prefix_len, self.scale)
 
     def _context_slots(self, seg: ExtendSeq) -> torch.Tensor:
         """[prefix_len + length] slot of each position of the segment's context."""
@@ -156,6 +160,40 @@ class TorchAttentionBackend:
             return None
         rows = [r for i in members for r in range(extends[i].start, extends[i].start + extends[i].length)]
         return ScoredExtend(torch.tensor(rows, device=self.device), context, members)
+
+
+
+class TorchDecodes:
+    """Decodes in one batched torch call; the K/V of shared prefixes may stay gathered across steps."""
+
+    def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int):
+        self.kv, self.table = kv_cache, page_table
+        _, _, self.page_size, self.kv_heads, head_dim = kv_cache.k.shape
+        self.query_group = num_heads // self.kv_heads   # query heads per KV head
+        self.scale = head_dim ** -0.5
+        self.device = page_table.device
+        # (pages of each shared prefix, their gathered K/V by layer) of the previous step, if it had any
+        self._kept_prefixes: tuple[tuple, dict] | None = None
+
+    def prepare(self, decodes: list[DecodeSeq]) -> Optional[TorchDecodeMetadata]:
+        if not decodes:
+            self._kept_prefixes = None
+            return None
+        groups = shared_prefix_groups(decodes, self.page_size)
+        shared_pages = [0] * len(decodes)
+        for members, n in groups:
+            for i in members:
+                shared_pages[i] = n
+        kv_rows, bias = self._decode_rows(decodes, shared_pages)
+        shared = self._shared_prefixes(decodes, groups) if groups else None
+        if shared is None:
+            self._kept_prefixes = None
+        return TorchDecodeMetadata(kv_rows, bias, value_bags(kv_rows, self.query_group), shared)
+
+    def forward(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: TorchDecodeMetadata) -> torch.Tensor:
+        return decode_attention(q, k_cache, v_cache, meta.kv_rows, meta.bias, self.scale, meta.shared,
+                                meta.value_bags, layer)
 
     def _decode_rows(self, decodes: list[DecodeSeq], shared_pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_rows and attention bias of each decode's context past its first `shared_pages` pages."""
@@ -197,35 +235,39 @@ class TorchAttentionBackend:
         return SharedPrefixes.of_groups(kv_rows, bias, [members for members, _ in groups], len(decodes),
                                         self.query_group, layer_kv=layer_kv)
 
-    def paged_decode(self, batch: ForwardBatch) -> None:
-        return None   # the model runs each op of its layers
 
-    # ---- forward --------------------------------------------------------------------------
+class HostAttentionBackend:
+    """The torch extend path plus a decode path, and the K/V writer that goes with the latter."""
+    graphs = None   # CUDA graphs need device-side metadata: none here
+
+    def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, decodes: DecodePath,
+                 write: Callable[..., None] = write_kv, paged_decode: Optional[Callable[[Any], Any]] = None):
+        self.kv = kv_cache
+        self.extends = TorchExtends(kv_cache, page_table, num_heads)
+        self.decodes = decodes
+        self._write = write
+        # the whole-layer CPU kernels' view of a pure-decode step's metadata (runtime/attention_cpu.py)
+        self.paged_decode = paged_decode
+
+    def prepare(self, layout: BatchLayout) -> HostAttentionMetadata:
+        meta = HostAttentionMetadata(layout.num_decode, self.decodes.prepare(layout.decodes))
+        self.extends.prepare(layout.extends, meta)
+        return meta
+
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 batch: ForwardBatch) -> torch.Tensor:
-        meta: TorchAttentionMetadata = batch.attention
+        meta: HostAttentionMetadata = batch.attention
         k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
-        self._write_kv(k_cache, v_cache, batch.out_slots, k, v)
+        self._write(k_cache, v_cache, batch.out_slots, k, v)
         nd = meta.num_decode
         if nd == q.shape[0]:
-            return self._decode(layer, q, k_cache, v_cache, meta)
+            return self.decodes.forward(layer, q, k_cache, v_cache, meta.decodes)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = self._decode(layer, q[:nd], k_cache, v_cache, meta)
-        for scored in meta.scored_extends:
-            out.index_copy_(0, scored.rows, scored_extend_attention(q.index_select(0, scored.rows), k_cache,
-                                                                    v_cache, scored.context, self.scale))
-        for seg in meta.sdpa_extends:
-            rows = seg.rows
-            out[rows] = extend_attention(q[rows], k[rows], v[rows], k_cache, v_cache,
-                                         seg.context_slots, seg.prefix_len, self.scale)
+            out[:nd] = self.decodes.forward(layer, q[:nd], k_cache, v_cache, meta.decodes)
+        self.extends.forward(q, k, v, k_cache, v_cache, meta, out)
         return out
 
-    def _write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
-                  v: torch.Tensor) -> None:
-        write_kv(k_cache, v_cache, slots, k, v)
 
-    def _decode(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: TorchAttentionMetadata) -> torch.Tensor:
-        return decode_attention(q, k_cache, v_cache, meta.decode_kv_rows, meta.decode_bias, self.scale,
-                                meta.decode_shared, meta.decode_value_bags, layer)
+def torch_attention_backend(kv_cache: KVCache, page_table: torch.Tensor, num_heads: int) -> HostAttentionBackend:
+    return HostAttentionBackend(kv_cache, page_table, num_heads, TorchDecodes(kv_cache, page_table, num_heads))

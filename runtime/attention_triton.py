@@ -15,7 +15,7 @@ import torch
 from radixserve.kernels import triton_attention as ta
 from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
 from radixserve.runtime.kv_cache import KVCache
-from radixserve.runtime.platform import get_platform
+from radixserve.runtime.platform import Platform
 
 
 @dataclass
@@ -28,10 +28,28 @@ class TritonAttentionMetadata:
     extend_max_len: int = 0                      # longest segment (sizes the extend grid)
 
 
-class TritonAttentionBackend:
-    supports_decode_graphs = True
+class TritonGraphHooks:
+    """What CUDA-graph capture and replay need of this backend (runtime/cuda_graph.py)."""
 
-    def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int):
+    def __init__(self, backend: "TritonAttentionBackend"):
+        self.backend = backend
+
+    def decode_metadata(self, rows: torch.Tensor, lens: torch.Tensor, max_len: int) -> TritonAttentionMetadata:
+        """Metadata of decodes only, on the caller's static tensors."""
+        return TritonAttentionMetadata(rows.shape[0], decode_rows=rows, decode_lens=lens, decode_max_len=max_len)
+
+    def after_capture(self) -> None:
+        """Capture wrote dummy K/V into the padding page (replays keep doing so for padding rows; the
+        kernels never read it): zeroed, as the KV cache promises, once capture is over."""
+        kv = self.backend.kv
+        kv.k[:, kv.pad_page].zero_()
+        kv.v[:, kv.pad_page].zero_()
+
+
+class TritonAttentionBackend:
+    paged_decode = None   # the CPU kernels' whole-layer path only
+
+    def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, platform: Platform):
         if ta.triton is None:
             raise ValueError("attention-backend triton: triton is not installed")
         device = kv_cache.k.device
@@ -43,6 +61,8 @@ class TritonAttentionBackend:
         self.kv_heads, head_dim = kv_cache.k.shape[3], kv_cache.k.shape[4]
         self.scale = head_dim ** -0.5
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        self.platform = platform
+        self.graphs = TritonGraphHooks(self)
 
     def prepare(self, layout: BatchLayout) -> TritonAttentionMetadata:
         """Every index tensor is a view of one int64 buffer: one host-to-device copy a step."""
@@ -50,20 +70,12 @@ class TritonAttentionBackend:
         dec_lens = [d.context_len for d in layout.decodes]
         columns = [[s.start for s in layout.extends], [s.length for s in layout.extends],
                    [s.prefix_len for s in layout.extends], [s.page_row for s in layout.extends]]
-        flat = get_platform(self.device).upload([d.page_row for d in layout.decodes] + dec_lens + sum(columns, []),
-                                                torch.long)
+        flat = self.platform.upload([d.page_row for d in layout.decodes] + dec_lens + sum(columns, []), torch.long)
         rows, lens, extend = flat.split([nd, nd, 4 * ne])
-        meta = self.decode_metadata(rows, lens, max(dec_lens, default=0)) if nd else TritonAttentionMetadata(0)
+        meta = self.graphs.decode_metadata(rows, lens, max(dec_lens, default=0)) if nd else TritonAttentionMetadata(0)
         if ne:
             meta.extend_meta, meta.extend_max_len = extend.view(4, ne), max(columns[1])
         return meta
-
-    def decode_metadata(self, rows: torch.Tensor, lens: torch.Tensor, max_len: int) -> TritonAttentionMetadata:
-        """Metadata of decodes only, on the caller's tensors (CUDA graphs pass their static inputs)."""
-        return TritonAttentionMetadata(rows.shape[0], decode_rows=rows, decode_lens=lens, decode_max_len=max_len)
-
-    def paged_decode(self, batch: ForwardBatch) -> None:
-        return None   # the model runs each op of its layers
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 batch: ForwardBatch) -> torch.Tensor:

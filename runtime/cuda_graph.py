@@ -35,10 +35,10 @@ def padded_size(n: int, sizes: list[int]) -> Optional[int]:
 class DecodeGraphRunner:
     """Owns the static decode inputs, one captured graph (and its logits) per ladder size."""
 
-    def __init__(self, model, attention, max_batch: int, max_context_len: int, pad_slot: int,
+    def __init__(self, model, attention, hooks, max_batch: int, max_context_len: int, pad_slot: int,
                  device: torch.device, capture: bool = True):
-        """`attention`: a backend with `decode_metadata(rows, lens, max_len)` on static tensors."""
-        self.model, self.attention = model, attention
+        """`hooks`: the attention backend's GraphHooks (runtime/attention.py)."""
+        self.model, self.attention, self.hooks = model, attention, hooks
         self.sizes = capture_sizes(max_batch)
         self.device = device
         self.static = torch.zeros(5, self.sizes[-1], dtype=torch.long, device=self.device)
@@ -55,7 +55,7 @@ class DecodeGraphRunner:
     def _batch(self, bs: int, max_context_len: int) -> ForwardBatch:
         s = self.static[:, :bs]
         return ForwardBatch(input_ids=s[_IDS], positions=s[_POS], out_slots=s[_SLOT], sample_rows=None,
-                            attention=self.attention.decode_metadata(s[_ROW], s[_LEN], max_context_len))
+                            attention=self.hooks.decode_metadata(s[_ROW], s[_LEN], max_context_len))
 
     def _capture_all(self) -> None:
         pool = None
@@ -70,6 +70,7 @@ class DecodeGraphRunner:
             pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize(self.device)
+        self.hooks.after_capture()
 
     def run(self, layout: BatchLayout) -> Optional[torch.Tensor]:
         """Logits of a decode-only layout ([n, vocab], valid until the next run), or None when n is

@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from radixserve.runtime.platform import get_platform
+from radixserve.runtime.platform import Platform
 
 
 def output_slot(pages: Sequence[int], position: int, page_size: int) -> int:
@@ -85,15 +85,15 @@ class ForwardBatch:
     out_slots: torch.Tensor                 # [T] where each new token's K/V is written
     sample_rows: Optional[torch.Tensor]     # rows whose logits are returned; None: all rows
     attention: Any = None                   # from AttentionBackend.prepare
+    paged_decode: Any = None                # the backend's `paged_decode` of it, where the model fuses layers
 
     @classmethod
-    def of(cls, layout: BatchLayout, attention: Any, device: torch.device) -> "ForwardBatch":
+    def of(cls, layout: BatchLayout, attention: Any, platform: Platform, paged_decode: Any = None) -> "ForwardBatch":
         """The layout's rows in one host-to-device copy."""
         t, ns = len(layout.ids), len(layout.sample_rows)
-        flat = get_platform(device).upload(layout.ids + layout.positions + layout.out_slots + layout.sample_rows,
-                                           torch.long)
+        flat = platform.upload(layout.ids + layout.positions + layout.out_slots + layout.sample_rows, torch.long)
         ids, positions, slots, sample_rows = flat.split([t, t, t, ns])
-        return cls(ids, positions, slots, sample_rows, attention)
+        return cls(ids, positions, slots, sample_rows, attention, paged_decode)
 
     @property
     def num_tokens(self) -> int:

@@ -85,6 +85,13 @@ class KVManager:
         req.pages.extend(pages)
         return True
 
+    def advance(self, req: Request, n: int, cache: bool) -> None:
+        """A step computed `n` more positions of `req`; with `cache` (a prefill chunk) its whole
+        pages enter the tree at once, so later requests reuse a prompt mid-prefill."""
+        req.kv_len += n
+        if cache:
+            self.cache_prefix(req)
+
     def cache_prefix(self, req: Request) -> None:
         """Insert the request's computed whole pages into the tree and hold them through it."""
         if not self.radix_enabled:

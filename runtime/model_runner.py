@@ -1,34 +1,44 @@
 """Turns a scheduled batch into one ragged forward pass and returns the logits to sample from.
 
-The runner lays the step out on the host (`BatchLayout`), lets the attention backend build its
-metadata from that layout, and runs the model; it knows nothing of any backend's kernels.
+The runner lays the step out on the host (`BatchLayout`), uploads the page-table rows written
+since the last step, lets the attention backend build its metadata from that layout, and runs the
+model; it knows nothing of any backend's kernels. What a backend can do beyond that (CUDA graphs,
+the CPU's whole-layer decode) is read once, here, when the runner is built.
 """
 from __future__ import annotations
 
 import torch
 
+from radixserve.radix import RequestPageTable
 from radixserve.runtime.attention import AttentionBackend
 from radixserve.runtime.cuda_graph import DecodeGraphRunner
 from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
+from radixserve.runtime.platform import Platform
 from radixserve.runtime.scheduler import ScheduledBatch
 
 
 class ModelRunner:
-    def __init__(self, model, attention: AttentionBackend, page_size: int, pad_page: int, device: torch.device):
+    def __init__(self, model, attention: AttentionBackend, table: RequestPageTable, page_size: int, pad_page: int,
+                 platform: Platform):
         self.model = model
         self.attention = attention
+        self.table = table
         self.page_size = page_size
         self.pad_page = pad_page
-        self.device = device
+        self.platform = platform
         self.graphs: DecodeGraphRunner | None = None
+        # the whole-layer decode needs both a model with the fused form and a backend that plans for it
+        self._paged_decode = attention.paged_decode if getattr(model, "fused_decode", None) is not None else None
 
-    def enable_decode_graphs(self, max_batch: int, max_context_len: int, capture: bool = True) -> None:
-        """Replay pure-decode steps from CUDA graphs (capture=False: the same padded static batches,
-        run eagerly; for tests without CUDA)."""
-        if not self.attention.supports_decode_graphs:
-            raise ValueError("decode graphs need an attention backend that supports them (triton)")
-        self.graphs = DecodeGraphRunner(self.model, self.attention, max_batch, max_context_len,
-                                        self.pad_page * self.page_size, self.device, capture=capture)
+    def use_decode_graphs(self, max_batch: int, max_context_len: int, capture: bool = True) -> bool:
+        """Replay pure-decode steps from CUDA graphs where the platform and the backend offer them
+        (capture=False: the same padded static batches, run eagerly; for tests without CUDA)."""
+        hooks = self.attention.graphs
+        if hooks is None or (capture and not self.platform.decode_graphs):
+            return False
+        self.graphs = DecodeGraphRunner(self.model, self.attention, hooks, max_batch, max_context_len,
+                                        self.pad_page * self.page_size, self.platform.device, capture=capture)
+        return True
 
     def layout(self, batch: ScheduledBatch) -> BatchLayout:
         """The flat token rows of a step: decodes first, then each extend segment."""
@@ -43,10 +53,12 @@ class ModelRunner:
 
     def forward(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits [rows that sample, vocab], in the order of `batch.items` that sample."""
+        self.table.upload(self.platform.upload)
         layout = self.layout(batch)
         if self.graphs is not None and not layout.extends:
             logits = self.graphs.run(layout)
             if logits is not None:
                 return logits
-        fb = ForwardBatch.of(layout, self.attention.prepare(layout), self.device)
-        return self.model.forward(fb, self.attention)
+        meta = self.attention.prepare(layout)
+        paged = self._paged_decode(meta) if self._paged_decode is not None else None
+        return self.model.forward(ForwardBatch.of(layout, meta, self.platform, paged), self.attention)

@@ -1,34 +1,25 @@
 """Everything that differs between devices, chosen once at start-up.
 
-Generic modules take the engine's device (or its `Platform`) and never probe `torch.cuda` or the
-CPU themselves: process-wide tuning, weight forms, default dtype, free memory, pinned buffers and
-the order of the grammar-mask fill live here.
+The engine picks its `Platform` once (`get_platform`) and passes it down: generic modules never
+probe `torch.cuda` or the CPU themselves. What differs lives here: which linear-layer form and
+attention backend to build, default dtype, free memory, host-to-device copies, pinned buffers and
+the order of the grammar-mask fill. The forms themselves live with the model (runtime/models/linear.py),
+CPU flags and malloc tuning in runtime/cpu_tuning.py.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import logging
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-import numpy as np
 import torch
-import torch.nn.functional as F
+
+from radixserve.runtime.cpu_tuning import cpu_flags, retain_freed_memory
+from radixserve.runtime.models.linear import CpuLinear, Linear, pack_int4
 
 log = logging.getLogger("radixserve")
-
-
-class Linear:
-    """y = x W^T + b in plain torch: every device."""
-
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
-        self.weight, self.bias = weight, bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 class Platform:
@@ -67,6 +58,10 @@ class Platform:
     def warm_up_kernels(self, vocab_size: int) -> None:
         """Compile what the first step would otherwise stall on."""
 
+    def kernels(self):
+        """The CPU kernels (kernels/cpu_kernels.py) where this device runs them, else None."""
+        return None
+
     def layer_ops(self):
         """The form of a decoder layer's elementwise steps (runtime/models/layer_ops.py)."""
         from radixserve.runtime.models.layer_ops import TorchLayerOps
@@ -103,76 +98,6 @@ class CudaPlatform(Platform):
             return False
         accelerator_error = getattr(torch, "AcceleratorError", ())
         return isinstance(error, accelerator_error) or "CUDA error" in str(error)
-
-
-# At up to this many tokens a step is bound by reading weights, and the 4-bit form reads 4x fewer
-# bytes (measured on an AVX512-BF16 EPYC: 3.5 ms vs 16.6 ms for all SmolLM2 layers at one token);
-# above it, bf16 wins.
-QUANTIZED_MAX_TOKENS = 8
-# A float32 model's block kernels beat float32 F.linear further: all SmolLM2 layers and the LM head
-# at 8 / 32 / 48 tokens took 28 / 93 / 147 ms vs 84 / 144 / 164 ms on an AVX2-only EPYC
-BLOCKS_FLOAT32_MAX_TOKENS = 48
-
-
-class CpuLinear(Linear):
-    """Chooses per call the weight form that is fastest for the batch size: small batches run on
-    a quantized form where there is one, either torch's int4 kernel (bf16 activations) or the
-    block kernels of kernels/cpu_kernels.cpp (float32 ones)."""
-
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, int4=None, blocks=None,
-                 kernels=None, onednn: bool = False):
-        super().__init__(weight, bias)
-        self.int4 = int4  # (packed weight, group size, scales and zeros) or None
-        self.blocks, self.kernels = blocks, kernels  # a cpu_kernels.BlockWeight or None
-        self.matrix = None if blocks is None else blocks.matrix(None if bias is None else bias.float().contiguous())
-        # oneDNN's blocked bf16 weight layout, packed once, is ~1.4x faster than F.linear at 16-256
-        # tokens (measured on this model's shapes) and gives identical results
-        self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight, None) if onednn else None
-        # picked once: a decode step makes ~120 of these calls
-        self.small = self._blocks if blocks is not None else self._int4 if int4 is not None else None
-        self.small_max = (BLOCKS_FLOAT32_MAX_TOKENS if blocks is not None and weight.dtype == torch.float32
-                          else QUANTIZED_MAX_TOKENS)
-
-    @property
-    def quantized(self) -> bool:
-        return self.small is not None
-
-    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
-        # the bias is added in the kernel, in float32
-        if x.dtype != torch.float32 or not x.is_contiguous():
-            return self.kernels.block_linear(x.float().contiguous(), self.matrix).to(x.dtype)
-        return self.kernels.block_linear(x, self.matrix)
-
-    def _int4(self, x: torch.Tensor) -> torch.Tensor:
-        packed, group, scales_zeros = self.int4
-        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, scales_zeros).to(x.dtype)
-        return y if self.bias is None else y + self.bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small is not None and x.shape[0] <= self.small_max:
-            return self.small(x)
-        if self.onednn is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.onednn, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
-
-
-def pack_int4(parts: Sequence) -> tuple:
-    """Concatenate Int4Weights along the output dim and pack them for the CPU int4 matmul."""
-    q = torch.from_numpy(np.concatenate([p.q for p in parts])).to(torch.int32)
-    scale = torch.from_numpy(np.concatenate([p.scale for p in parts]))
-    zero = torch.from_numpy(np.concatenate([p.zero for p in parts]))
-    scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)
-    return torch._convert_weight_to_int4pack_for_cpu(q, 1), parts[0].group, scales_zeros
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
 
 
 class CpuPlatform(Platform):
@@ -242,26 +167,6 @@ class CpuPlatform(Platform):
         compiled = warm_up_compiled_bitmask(vocab_size)
         log.info("token-bitmask kernel %s in %.1f s", "compiled" if compiled else "unavailable (eager path)",
                  time.perf_counter() - t0)
-
-
-def retain_freed_memory() -> bool:
-    """Ask glibc malloc to keep freed blocks up to 32 MiB instead of returning them to the OS.
-
-    A CPU forward allocates many multi-MB activations per step; by default glibc maps each one
-    fresh (or trims it back) and every reuse pays page faults: measured here, the offline benchmark
-    ran ~15% faster and prefill ~30% faster with these settings. Process-wide; no-op off glibc.
-    """
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
-        # one arena: a thread arena's heaps are capped at 64 MiB and given back piecemeal
-        return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)
-                    and libc.mallopt(m_arena_max, 1))
-    except (OSError, AttributeError):
-        return False
 
 
 @functools.cache

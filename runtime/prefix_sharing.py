@@ -35,13 +35,11 @@ class PrefixSharing:
         self._leaders.append(req)
 
     def should_hold(self, req: Request, tree: RadixCache) -> bool:
+        """Whether `req` should wait this step (the scheduler counts the step once it commits it)."""
         if not self._leaders or req.held_steps >= self.max_hold_steps:
             return False
         limit = req.num_tokens - 1
         shared = max(common_prefix_len(req.token_ids[:limit], leader.token_ids, self.page_size)
                      for leader in self._leaders)
         # cheap test first: most requests share at most a chat-template header with the leaders
-        if shared < self.min_shared_tokens or shared - cached_len(tree, req) < self.min_shared_tokens:
-            return False
-        req.held_steps += 1
-        return True
+        return shared >= self.min_shared_tokens and shared - cached_len(tree, req) >= self.min_shared_tokens

@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from radixserve.runtime.engine_client import EngineRefusal
 from radixserve.runtime.sampling_params import SamplingParams
 
 
@@ -34,8 +35,8 @@ class RequestOutput:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: Optional[str] = None      # stop | length | abort | error
-    error: Optional[str] = None
-    error_kind: Optional[str] = None         # "invalid_request" (e.g. a bad grammar) or "internal"
+    error: Optional[str] = None              # why it ended with "error", for people
+    refusal: Optional[EngineRefusal] = None  # set when the request itself was at fault (e.g. its grammar)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -48,6 +49,7 @@ class RequestOutput:
 
 class OutputStream:
     """Thread-safe queue of RequestOutputs: iterate it blocking, or `async for` it."""
+    replica: Optional[str] = None   # the engine replica serving it: none in process
 
     def __init__(self, request_id: str):
         self.request_id = request_id
@@ -64,7 +66,12 @@ class OutputStream:
                 self._cond.notify_all()
             waiters = list(self._waiters)
         for loop, event in waiters:
-            loop.call_soon_threadsafe(event.set)
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that consumer's event loop has closed: nobody is left to wake
+                with self._cond:
+                    if (loop, event) in self._waiters:
+                        self._waiters.remove((loop, event))
 
     def _pop(self) -> Optional[RequestOutput]:
         with self._cond:
@@ -110,7 +117,8 @@ class OutputStream:
                 yield out
         finally:
             with self._cond:
-                self._waiters.remove((loop, event))
+                if (loop, event) in self._waiters:
+                    self._waiters.remove((loop, event))
 
 
 @dataclass(eq=False)

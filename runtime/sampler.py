@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import torch
 
 from radixserve.kernels.sampling import argmax_rows, sort_desc, topk_values
-from radixserve.runtime.platform import get_platform
+from radixserve.runtime.platform import Platform
 from radixserve.runtime.request import Request, TokenLogprob
 
 _M64 = (1 << 64) - 1
@@ -97,10 +97,12 @@ class _Pack:
         self.values.extend(values)
         return slice(start, len(self.values))
 
-    def upload(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def upload(self, dtype: torch.dtype, device: torch.device, platform: Optional[Platform]) -> torch.Tensor:
         if not self.values:
             return torch.empty(0, dtype=dtype, device=device)
-        return get_platform(device).upload(self.values, dtype)
+        if platform is None:
+            return torch.tensor(self.values, dtype=dtype, device=device)
+        return platform.upload(self.values, dtype)
 
 
 @dataclass
@@ -166,8 +168,12 @@ class _Step:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int], seed: int = 0):
+    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int], seed: int = 0,
+                 platform: Optional[Platform] = None):
+        """`platform`: the engine's, whose uploads may overlap the forward (pinned memory on CUDA);
+        without one, per-step values are plain tensors on the logits' device."""
         self.vocab_size = vocab_size
+        self.platform = platform
         self.eos_token_ids = list(eos_token_ids)
         self.seed = seed
         self.calls = 0                           # advances unseeded rows' keys every step
@@ -252,8 +258,8 @@ class Sampler:
             step.draw = self._plan_draw(reqs, sampled, width, ints, floats)
         if not ints.values and not want:
             return step  # nothing to upload or apply: a plain greedy batch
-        step.I = I = ints.upload(torch.int64, device)
-        step.F = F = floats.upload(logits.dtype, device)
+        step.I = I = ints.upload(torch.int64, device, self.platform)
+        step.F = F = floats.upload(logits.dtype, device, self.platform)
 
         # logprobs are of the model's distribution: before penalties, bans and filters
         if want:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from radixserve.grammar.spec import GrammarSpec
+from radixserve.runtime.engine_client import EngineRefusal, RefusalKind
 
 MAX_TOP_LOGPROBS = 20
 
@@ -45,9 +46,9 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     def validate(self, vocab_size: Optional[int] = None) -> None:
-        """Raise ValueError naming the first bad field."""
+        """Raise EngineRefusal naming the first bad field."""
         def fail(name: str, msg: str):
-            raise ValueError(f"{name}: {msg}")
+            raise EngineRefusal(RefusalKind.INVALID, msg, name)
 
         def is_int(v) -> bool:
             return isinstance(v, int) and not isinstance(v, bool)
@@ -84,7 +85,3 @@ class SamplingParams:
             fail("priority", f"must be an integer, got {self.priority!r}")
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
-
-    @property
-    def needs_penalties(self) -> bool:
-        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0

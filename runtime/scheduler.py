@@ -40,7 +40,7 @@ class ScheduledBatch:
     extends: list[ScheduledItem] = field(default_factory=list)
     admitted: int = 0            # requests taken from the queue this step (resumed ones included)
     cache_hit_tokens: int = 0    # tokens those found in the radix tree
-    held: int = 0                # waiting requests held back for in-batch prefix sharing
+    held: list[Request] = field(default_factory=list)   # waiting, held back for in-batch prefix sharing
 
     @property
     def items(self) -> list[ScheduledItem]:
@@ -88,6 +88,23 @@ class Scheduler:
 
     # ---- one step ----------------------------------------------------------
     def schedule(self) -> Optional[ScheduledBatch]:
+        while True:
+            batch = self._try_schedule()
+            if batch.decodes or batch.extends:
+                break
+            if len(self.running) <= 1:
+                return None
+            # every running prompt is stuck waiting for pages: free some by preempting one, and
+            # plan the step again (what the failed plan counted is dropped with it)
+            self.preempt(self._preemption_victim())
+        for req in batch.held:
+            req.held_steps += 1
+        self.stats.held_for_sharing += len(batch.held)
+        self.stats.prefill_tokens += batch.prefill_tokens
+        self.reservation.on_step()
+        return batch
+
+    def _try_schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.config.max_batched_tokens
         chunk = self.config.chunked_prefill_size
@@ -110,14 +127,6 @@ class Scheduler:
             budget -= n
 
         self._admit(batch, budget, chunk)
-        if not (batch.decodes or batch.extends):
-            if len(self.running) > 1:
-                # every running prompt is stuck waiting for pages: free some by preempting one
-                self.preempt(self._preemption_victim())
-                return self.schedule()
-            return None
-        self.stats.prefill_tokens += batch.prefill_tokens
-        self.reservation.on_step()
         return batch
 
     def _admit(self, batch: ScheduledBatch, budget: int, chunk: int) -> None:
@@ -139,8 +148,7 @@ class Scheduler:
             if self.kv.table.num_free_rows == 0:
                 break
             if self.sharing is not None and self.sharing.should_hold(req, tree):
-                batch.held += 1
-                self.stats.held_for_sharing += 1
+                batch.held.append(req)
                 continue
             cached = self.kv.match(req)
             n = min(req.num_tokens - req.kv_len, chunk, budget)

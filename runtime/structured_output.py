@@ -15,6 +15,7 @@ import torch
 
 from radixserve.grammar import GrammarBackend, GrammarCompiler, GrammarError, GrammarSpec, make_grammar_backend
 from radixserve.kernels.bitmask import apply_token_bitmask_
+from radixserve.runtime.engine_client import EngineRefusal
 from radixserve.runtime.request import Request
 from radixserve.runtime.tokenizer import Tokenizer
 
@@ -45,6 +46,7 @@ class StructuredOutput:
         self.compiler: Optional[GrammarCompiler] = None
         self.bitmask: Optional[torch.Tensor] = None
         self.timings = MaskTimings()
+        self.pending: list[Request] = []   # engine thread only: waiting for their grammar
 
     def _ensure_backend(self) -> GrammarBackend:
         with self._lock:
@@ -58,17 +60,39 @@ class StructuredOutput:
             return self.backend
 
     # ---- any thread -----------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """The backend is built: `start` no longer blocks (the first build imports the backend and
+        indexes the vocabulary, ~1.5 s for xgrammar)."""
+        return self.backend is not None
+
     def start(self, req: Request) -> None:
-        """Check the kind is supported (ValueError now) and start compiling (errors come later)."""
+        """Check the kind is supported (EngineRefusal now) and start compiling (errors come later)."""
         spec: GrammarSpec = req.params.constraint
-        self._ensure_backend().check_supported(spec)
+        try:
+            self._ensure_backend().check_supported(spec)
+        except GrammarError as e:
+            raise EngineRefusal.of_grammar(e) from None
         req.grammar = self.compiler.submit(spec)
 
     # ---- engine thread --------------------------------------------------------
-    def poll(self, pending: list[Request]) -> tuple[list[Request], list[tuple[Request, str, str]]]:
-        """Split pending requests into (ready, failed with message and error kind); the rest stay pending."""
+    def wait_for(self, req: Request) -> None:
+        """Hold a request until its grammar has compiled (`poll` hands it back)."""
+        self.pending.append(req)
+
+    def release(self, req: Request) -> None:
+        """A request ends: stop compiling for it, drop its matcher."""
+        if req.grammar is not None:
+            req.grammar.cancel()  # no-op once compiled; stops waiting for a compile in flight
+            if req in self.pending:
+                self.pending.remove(req)
+        req.grammar = req.matcher = None
+
+    def poll(self) -> tuple[list[Request], list[tuple[Request, str, Optional[EngineRefusal]]]]:
+        """Pending requests whose grammars are done: (ready with their matchers, failed with a
+        message and, when the grammar is at fault, the refusal); the rest stay pending."""
         ready, failed, still = [], [], []
-        for req in pending:
+        for req in self.pending:
             if not req.grammar.done():
                 still.append(req)
                 continue
@@ -76,10 +100,11 @@ class StructuredOutput:
                 req.matcher = self.backend.matcher(req.grammar.result())
                 ready.append(req)
             except GrammarError as e:
-                failed.append((req, str(e), "invalid_request"))
+                refusal = EngineRefusal.of_grammar(e)
+                failed.append((req, str(refusal), refusal))
             except Exception as e:  # a backend bug: this request fails, the engine keeps going
-                failed.append((req, f"internal error: grammar matcher: {e}", "internal"))
-        pending[:] = still
+                failed.append((req, f"internal error: grammar matcher: {e}", None))
+        self.pending = still
         return ready, failed
 
     def fill(self, reqs: Sequence[Request]) -> list[int]:

@@ -59,10 +59,10 @@ class SimEngine:
                 self._seen.add(it.req.request_id)
                 self.admitted.append(it.req.request_id)
         sampling = [it.req for it in batch.items if it.samples]
-        for it in batch.items:
-            it.req.kv_len += it.num_tokens
+        for it in batch.decodes:
+            self.kv.advance(it.req, 1, cache=False)
         for it in batch.extends:
-            self.kv.cache_prefix(it.req)
+            self.kv.advance(it.req, it.num_tokens, cache=True)
         for req in sampling:
             req.append_token(100 + (hash(req.request_id) + len(req.output_ids)) % 1000)
             if len(req.output_ids) >= req.params.max_tokens:

@@ -9,8 +9,8 @@ import pytest
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from radixserve.api.openapi import ERROR_SCHEMA
-from radixserve.api.protocol import MODEL_LIMIT
+from radixserve.api.shell.openapi import ERROR_SCHEMA
+from radixserve.api.openai.protocol import MODEL_LIMIT
 from radixserve.api.server import build_app
 from .api_server import serve_app
 

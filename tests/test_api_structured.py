@@ -106,8 +106,8 @@ def test_streamed_constrained_reply_equals_the_whole_one(api):
 
 @pytest.mark.parametrize("extra,param", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "object", "properties": {"a": {"type": "strin"}}}}}}, "response_format"),
-    ({"guided_json": {"type": "object", "not": {"required": ["a"]}}}, "guided_json"),
+        "type": "object", "properties": {"a": {"type": "strin"}}}}}}, "response_format#/properties/a/type"),
+    ({"guided_json": {"type": "object", "not": {"required": ["a"]}}}, "guided_json#/not"),
     ({"guided_regex": "([a-z"}, "guided_regex"),
     ({"regex": "(?<=a)b"}, "regex"),
     ({"structured_outputs": {"grammar": "root ::= ("}}, "structured_outputs"),

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from radixserve.api.tools import (ArgumentsDelta, CallDone, CallStarted, HermesToolCallParser, TextDelta,
+from radixserve.api.openai.tools import (ArgumentsDelta, CallDone, CallStarted, HermesToolCallParser, TextDelta,
                                   WholeOutputToolCallParser)
 
 WEATHER = {"type": "object",
@@ -235,8 +235,8 @@ def accepts(backend, tokenizer, spec, text: str, then_stop: bool = True) -> bool
 
 
 def constraint(tool_choice, parallel):
-    from radixserve.api.protocol import ChatCompletionRequest
-    from radixserve.api.tools import plan_tools
+    from radixserve.api.openai.protocol import ChatCompletionRequest
+    from radixserve.api.openai.tools import plan_tools
     req = ChatCompletionRequest.model_validate({"messages": ASK, "tools": TOOLS, "tool_choice": tool_choice,
                                                 "parallel_tool_calls": parallel})
     return plan_tools(req).build_constraint()

@@ -8,16 +8,18 @@ import torch
 
 import radixserve.runtime.attention_torch as attention_torch
 from radixserve.kernels.bitmask import apply_token_bitmask_
-from radixserve.runtime.attention_torch import TorchAttentionBackend
+from radixserve.runtime.attention_torch import torch_attention_backend
 from radixserve.runtime.attention_triton import TritonAttentionBackend
 from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
 from radixserve.runtime.kv_cache import KVCache
 from radixserve.runtime.models.config import ModelConfig
 from radixserve.runtime.models.llama import LlamaForCausalLM
 from radixserve.runtime.models.random_init import random_weights
+from radixserve.runtime.platform import get_platform
 from .triton_interpreter import needs_triton
 
 META = torch.device("meta")
+ON_META = get_platform(META)
 PAGE = 4
 CFG = ModelConfig(model_type="llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                   intermediate_size=128, vocab_size=256, max_context_len=256)
@@ -72,9 +74,9 @@ def every_decode_group_shares(monkeypatch):
 
 def test_torch_backend_metadata_is_built_on_the_engines_device(every_decode_group_shares):
     layout = a_mixed_layout()
-    backend = TorchAttentionBackend(kv_cache(), page_table(layout).to(META), CFG.num_heads)
+    backend = torch_attention_backend(kv_cache(), page_table(layout).to(META), CFG.num_heads)
     meta = backend.prepare(layout)
-    assert meta.decode_shared is not None and meta.scored_extends and meta.sdpa_extends, "a path was not built"
+    assert meta.decodes.shared is not None and meta.scored_extends and meta.sdpa_extends, "a path was not built"
     found = tensors_in(meta)
     assert found and {t.device for t in found} == {META}
 
@@ -83,22 +85,22 @@ def test_torch_backend_metadata_is_built_on_the_engines_device(every_decode_grou
 def test_triton_backend_metadata_is_built_on_the_engines_device(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")   # its constructor otherwise insists on CUDA
     layout = a_mixed_layout()
-    backend = TritonAttentionBackend(kv_cache(), page_table(layout).to(META), CFG.num_heads)
+    backend = TritonAttentionBackend(kv_cache(), page_table(layout).to(META), CFG.num_heads, ON_META)
     meta = backend.prepare(layout)
     assert meta.decode_rows is not None and meta.extend_meta is not None
     assert {t.device for t in tensors_in(meta)} == {META}
 
 
 def test_forward_batch_rows_go_to_the_engines_device():
-    batch = ForwardBatch.of(a_mixed_layout(), None, META)
+    batch = ForwardBatch.of(a_mixed_layout(), None, ON_META)
     assert {t.device for t in (batch.input_ids, batch.positions, batch.out_slots, batch.sample_rows)} == {META}
 
 
 def test_a_whole_forward_on_the_torch_backend_stays_on_the_engines_device(every_decode_group_shares):
     layout = a_mixed_layout()
-    model = LlamaForCausalLM(CFG, random_weights(CFG), torch.float32, META)
-    backend = TorchAttentionBackend(kv_cache(), page_table(layout).to(META), CFG.num_heads)
-    logits = model.forward(ForwardBatch.of(layout, backend.prepare(layout), META), backend)
+    model = LlamaForCausalLM(CFG, random_weights(CFG), torch.float32, ON_META)
+    backend = torch_attention_backend(kv_cache(), page_table(layout).to(META), CFG.num_heads)
+    logits = model.forward(ForwardBatch.of(layout, backend.prepare(layout), ON_META), backend)
     assert logits.device == META and logits.shape == (len(layout.sample_rows), CFG.vocab_size)
 
 

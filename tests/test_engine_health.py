@@ -55,7 +55,7 @@ def server(default_model_files, watchdog_timeout: float = 60.0, **config) -> Ite
         if engine.health().alive:
             engine.check_idle_invariant()
         else:  # the loop has ended: its structures are ours to read
-            engine._thread.join(timeout=10)
+            engine.loop.thread.join(timeout=10)
             engine.kv.check_invariant(engine.scheduler.running)
             assert not engine.scheduler.running and not engine.scheduler.waiting
     finally:
@@ -88,7 +88,7 @@ def test_steps_that_keep_failing_stop_the_engine_and_health_says_why(default_mod
     with server(default_model_files, max_failed_steps=3) as (url, engine):
         fault("raise")(engine)
         statuses = [chat(url).status_code for _ in range(3)]
-        engine._thread.join(timeout=10)
+        engine.loop.thread.join(timeout=10)
         health = httpx.get(url + "/health", timeout=10)
         refused = chat(url)
     assert statuses == [500, 500, 500]
@@ -117,13 +117,13 @@ def test_a_killed_loop_thread_ends_its_requests_and_health_turns_503(default_mod
     with server(default_model_files) as (url, engine):
         stream = engine.submit("Count to one hundred:", SamplingParams(max_tokens=500, ignore_eos=True))
         first = next(iter(stream))  # it is running
-        _kill_thread(engine._thread)
+        _kill_thread(engine.loop.thread)
         outputs = [first] + list(stream)
-        engine._thread.join(timeout=10)
+        engine.loop.thread.join(timeout=10)
         health = httpx.get(url + "/health", timeout=10)
         refused = chat(url)
     assert outputs[-1].finish_reason == "error" and "loop thread died" in outputs[-1].error
-    assert not engine._thread.is_alive()
+    assert not engine.loop.thread.is_alive()
     assert health.status_code == 503 and health.json()["error"]["code"] == "engine_stopped"
     assert "SystemExit" in health.json()["error"]["message"]
     assert refused.status_code == 503
@@ -168,3 +168,78 @@ def test_health_generate_refuses_a_bad_timeout(default_model_files, timeout):
     with server(default_model_files) as (url, _):
         r = httpx.get(url + "/health/generate", params={"timeout": timeout}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "timeout"
+
+
+def test_health_generate_answers_503_with_retry_after_when_the_queue_is_full(default_model_files):
+    with server(default_model_files, max_waiting_requests=1) as (url, engine):
+        capacity = engine.config.max_running_requests + engine.config.max_waiting_requests
+        params = SamplingParams(max_tokens=100, ignore_eos=True)
+        hogs = [engine.submit([5, 6, 7], params, request_id=f"hog{i}") for i in range(capacity)]
+        r = httpx.get(url + "/health/generate", timeout=30)
+        for hog in hogs:
+            engine.abort(hog.request_id)
+        finals = [hog.wait_finished()[-1] for hog in hogs]
+    assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+    assert int(r.headers["retry-after"]) >= 1
+    assert all(f.finished for f in finals)
+
+
+SLOW_WORK_S = 20.0   # how long the slow work below would block, unless the test releases it first
+
+
+def _request_in_thread(fn) -> tuple[threading.Thread, list]:
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_health_answers_while_the_first_constrained_request_builds_the_grammar_backend(default_model_files,
+                                                                                        monkeypatch):
+    from radixserve.runtime import structured_output
+
+    building, release = threading.Event(), threading.Event()
+    real = structured_output.make_grammar_backend
+
+    def slow_build(*args, **kwargs):
+        building.set()
+        release.wait(SLOW_WORK_S)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(structured_output, "make_grammar_backend", slow_build)
+    with server(default_model_files) as (url, _):
+        thread, constrained = _request_in_thread(lambda: chat(url, response_format={"type": "json_object"}))
+        assert building.wait(SLOW_WORK_S)
+        try:
+            health = httpx.get(url + "/health", timeout=3)
+        finally:
+            release.set()
+        thread.join(60)
+    assert health.status_code == 200
+    assert constrained[0].status_code == 200
+
+
+def test_health_answers_while_a_prompt_is_tokenised(default_model_files, monkeypatch):
+    marker = "Tokenise me slowly"
+    tokenizing, release = threading.Event(), threading.Event()
+    tokenizer = default_model_files.tokenizer
+    real = tokenizer.encode
+
+    def slow_encode(text, *args, **kwargs):
+        if marker in text:
+            tokenizing.set()
+            release.wait(SLOW_WORK_S)
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", slow_encode)
+    with server(default_model_files) as (url, _):
+        thread, reply = _request_in_thread(lambda: httpx.post(url + "/v1/chat/completions", timeout=60, json={
+            "model": MODEL, "messages": [{"role": "user", "content": marker}], "max_tokens": 2}))
+        assert tokenizing.wait(SLOW_WORK_S)
+        try:
+            health = httpx.get(url + "/health", timeout=3)
+        finally:
+            release.set()
+        thread.join(60)
+    assert health.status_code == 200
+    assert reply[0].status_code == 200

@@ -16,8 +16,9 @@ from radixserve.runtime.models.config import ModelConfig
 from radixserve.runtime.models.llama import LlamaForCausalLM
 from radixserve.runtime.models.loader import Int4Weight, Int8Weight
 from radixserve.runtime.models.random_init import random_weights
+from radixserve.runtime.platform import get_platform
 
-CPU = torch.device("cpu")
+CPU = get_platform(torch.device("cpu"))
 LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
            "mlp.up_proj", "mlp.down_proj"]
 
@@ -59,7 +60,7 @@ class Step:
         g = torch.Generator().manual_seed(seed)
         need = [-(-n // page_size) for n in contexts]
         num_pages = shared_pages + sum(need) + 1
-        self.kv = KVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, CPU)
+        self.kv = KVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, CPU.device)
         self.kv.k.normal_(generator=g)
         self.kv.v.normal_(generator=g)
         order = torch.randperm(num_pages, generator=g).tolist()
@@ -67,13 +68,14 @@ class Step:
         rows = [prefix[:n] + [order.pop() for _ in range(n - min(n, shared_pages))] for n in need]
         width = max(need)
         self.table = torch.tensor([r + [self.kv.pad_page] * (width - len(r)) for r in rows])
-        self.attn = make_attention_backend("cpu", self.kv, self.table, cfg.num_heads)
+        self.attn = make_attention_backend("cpu", self.kv, self.table, cfg.num_heads, CPU)
         self.layout = BatchLayout(page_size)
         for i, (pages, n) in enumerate(zip(rows, contexts)):
             self.layout.add_decode(int(torch.randint(cfg.vocab_size, (1,), generator=g)), n - 1, i, pages)
 
     def batch(self) -> ForwardBatch:
-        return ForwardBatch.of(self.layout, self.attn.prepare(self.layout), CPU)
+        meta = self.attn.prepare(self.layout)
+        return ForwardBatch.of(self.layout, meta, CPU, self.attn.paged_decode(meta))
 
     def forget_new_tokens(self, batch: ForwardBatch) -> None:
         """Zero the K/V slots that the step writes."""
@@ -100,7 +102,7 @@ def test_a_fused_decode_step_equals_the_separate_layer_calls(data, page_size, bi
     shared = data.draw(st.integers(0, (min(contexts) - 1) // page_size)) if len(contexts) > 1 else 0
     step = Step(cfg, page_size, contexts, shared, seed)
     batch = step.batch()
-    assert step.attn.paged_decode(batch) is not None
+    assert batch.paged_decode is not None
     fused = model.forward(batch, step.attn)
     k, v = step.kv.k.clone(), step.kv.v.clone()
     step.forget_new_tokens(batch)
@@ -130,7 +132,7 @@ def test_a_step_with_a_prefill_runs_the_separate_calls():
     step.layout = BatchLayout(4)
     step.layout.add_decode(7, 39, 0, step.table[0].tolist())
     step.layout.add_extend(list(range(24)), 0, 24, 1, step.table[1].tolist(), samples=True)
-    assert step.attn.paged_decode(step.batch()) is None
+    assert step.batch().paged_decode is None
 
 
 def test_more_decodes_than_the_block_form_takes_run_the_separate_calls():
@@ -139,4 +141,4 @@ def test_more_decodes_than_the_block_form_takes_run_the_separate_calls():
     step = Step(cfg, 16, [32] * (model.fused_decode.max_tokens + 1), 0, seed=0)
     batch = step.batch()
     x = torch.zeros(batch.num_tokens, cfg.hidden_size)
-    assert model.fused_decode(x, batch.positions, batch.out_slots, step.attn.paged_decode(batch)) is None
+    assert model.fused_decode(x, batch.positions, batch.out_slots, batch.paged_decode) is None

@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.runtime.attention_torch import TorchAttentionBackend
+from radixserve.runtime.attention_torch import torch_attention_backend
 from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
 from radixserve.runtime.kv_cache import KVCache
 from radixserve.runtime.models.llama import LlamaForCausalLM
 from radixserve.runtime.models.loader import load_model_files
+from radixserve.runtime.platform import get_platform
 from .tiny_models import build_tiny_model
 
 ATOL = 2e-4
@@ -24,16 +25,17 @@ def our_logits(model_path, ids: list[int], page_size: int) -> tuple[torch.Tensor
     """Prefill logits for every prompt position, then one logits row per decoded (given) token."""
     files = load_model_files(str(model_path))
     cfg = files.config
-    model = LlamaForCausalLM(cfg, files.weights, torch.float32, torch.device("cpu"))
+    cpu = get_platform(torch.device("cpu"))
+    model = LlamaForCausalLM(cfg, files.weights, torch.float32, cpu)
     num_pages = 32
     kv = KVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu"))
     # pages in reverse order so that positions do not map to slots trivially
     pages = list(range(num_pages - 1, -1, -1))
     table = torch.tensor([pages])
-    attn = TorchAttentionBackend(kv, table, cfg.num_heads)
+    attn = torch_attention_backend(kv, table, cfg.num_heads)
 
     def run(layout: BatchLayout) -> torch.Tensor:
-        return model.forward(ForwardBatch.of(layout, attn.prepare(layout), torch.device("cpu")), attn)
+        return model.forward(ForwardBatch.of(layout, attn.prepare(layout), cpu), attn)
 
     n = len(PROMPT)
     prefill = BatchLayout(page_size)

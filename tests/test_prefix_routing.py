@@ -1,11 +1,11 @@
-"""The replica-choice policy behind `--replicas` (api/prefix_routing.py), on fake replica reports:
+"""The replica-choice policy behind `--replicas` (api/cluster/prefix_routing.py), on fake replica reports:
 no Ray workers."""
 from __future__ import annotations
 
 import pytest
 
-from radixserve.api.prefix_routing import BALANCE, CACHED, COLD, PENDING, PrefixRoutingPolicy
-from radixserve.api.replica_protocol import ReplicaReport
+from radixserve.api.cluster.prefix_routing import BALANCE, CACHED, COLD, PENDING, PrefixRoutingPolicy
+from radixserve.api.cluster.protocol import ReplicaReport
 from radixserve.radix.prefix_hash import page_hashes
 
 P = 16

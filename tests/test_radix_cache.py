@@ -23,6 +23,15 @@ def insert_fresh(pool, tree, tokens):
     return tree.insert(tokens, pages)
 
 
+def nodes(tree: RadixCache) -> list[TreeNode]:
+    out, stack = [], list(tree.root.children.values())
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out
+
+
 def cached(tree: RadixCache) -> dict[tuple, int]:
     """Every cached page-aligned prefix -> the id of its last page, read without touching LRU times."""
     p, out = tree.page_size, {}
@@ -194,7 +203,11 @@ def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size
     def evict(n_tokens: int) -> None:
         nonlocal reference
         free_before = pool.num_free
+        access = {q: node.last_access for node in nodes(tree) for q in node.pages}   # as they were
         dropped = tree.evict(n_tokens)
+        # least recently used first: nothing evictable that is left was used before anything dropped
+        left = [node.last_access for node in nodes(tree) if not node.children and node.lock_ref == 0]
+        assert not dropped or not left or max(access[q] for q in dropped) <= min(left)
         assert pool.num_free == free_before  # the tree freed nothing itself
         after = cached(tree)
         gone = {k: v for k, v in reference.items() if k not in after}
@@ -290,3 +303,18 @@ def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size
         tree.unlock(req.node)
     pool.free(tree.reset())
     assert pool.num_free == pool.num_pages
+
+
+def test_evicting_a_page_does_not_walk_the_whole_tree(monkeypatch):
+    pool, tree = make(page_size=1, pages=2100)
+    for i in range(1000):
+        insert_fresh(pool, tree, [i, 1])   # a thousand unlocked leaves
+    oldest = list(tree.match_prefix([0, 1])[0])
+    for i in range(1, 1000):
+        tree.match_prefix([i, 1])          # [0, 1] is now the least recently used
+
+    def walk():
+        raise AssertionError("evict walked the whole tree")
+
+    monkeypatch.setattr(tree, "_nodes", walk)
+    assert tree.evict(2) == oldest

@@ -25,13 +25,13 @@ def test_serve_config_example_is_a_valid_serve_deploy_document():
     from ray.serve.schema import ServeDeploySchema
 
     document = ServeDeploySchema.model_validate(yaml.safe_load(CONFIG_EXAMPLE.read_text()))
-    assert document.applications[0].import_path == "radixserve.api.ray_app:app_builder"
+    assert document.applications[0].import_path == "radixserve.api.cluster.app:app_builder"
 
 
 def test_serve_config_example_builds_an_ingress_bound_to_its_engine_replicas():
     from ray.serve import Application
 
-    from radixserve.api.ray_app import app_builder
+    from radixserve.api.cluster.app import app_builder
 
     args = yaml.safe_load(CONFIG_EXAMPLE.read_text())["applications"][0]["args"]
     app = app_builder(args)
@@ -41,11 +41,11 @@ def test_serve_config_example_builds_an_ingress_bound_to_its_engine_replicas():
     assert (ingress.name, engine.name) == ("Ingress", "EngineReplica")
     assert engine._deployment_config.num_replicas == args["replicas"]
     assert engine._deployment_config.request_router_config.request_router_class == \
-        "radixserve.api.ray_router:RadixPrefixRouter"
+        "radixserve.api.cluster.request_router:RadixPrefixRouter"
 
 
 def test_autoscaling_settings_reach_the_engine_deployment():
-    from radixserve.api.ray_app import app_builder
+    from radixserve.api.cluster.app import app_builder
 
     app = app_builder({"replicas": 2, "autoscaling": {"min_replicas": 1, "max_replicas": 4,
                                                         "target_ongoing_requests": 16}})
@@ -54,14 +54,14 @@ def test_autoscaling_settings_reach_the_engine_deployment():
 
 
 def test_unknown_settings_in_a_serve_config_are_refused_by_name():
-    from radixserve.api.ray_app import app_builder
+    from radixserve.api.cluster.app import app_builder
 
     with pytest.raises(ValueError, match="kv_cache_tokenz"):
         app_builder({"replicas": 1, "engine": {"kv_cache_tokenz": 4096}})
 
 
 def test_replicas_below_one_are_refused():
-    from radixserve.api.ray_app import ClusterSettings, build_application
+    from radixserve.api.cluster.app import ClusterSettings, build_application
 
     with pytest.raises(ValueError, match="replicas"):
         build_application(ClusterSettings(replicas=0))

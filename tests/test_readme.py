@@ -82,6 +82,12 @@ def test_every_bench_script_the_readme_names_exists_and_make_bench_runs_it():
         assert script in makefile or Path(script).name in compare, f"{script} is not run by a make target"
 
 
+def test_every_source_file_the_readme_names_exists():
+    named = set(re.findall(r"\b(?:api|runtime|radix|grammar|kernels)/[\w/]*\w\.(?:py|cpp)\b", README))
+    assert named
+    assert [path for path in sorted(named) if not (ROOT / path).exists()] == []
+
+
 def test_flags_table_documents_every_serve_flag():
     parser = build_parser()
     serve = next(a for a in parser._actions if a.dest == "command").choices["serve"]

@@ -18,7 +18,8 @@ import pytest
 from radixserve.radix import KVPagePool, RequestPageTable
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.decode_reservation import DecodeReservation
-from radixserve.runtime.engine import EngineOverloadedError, collect
+from radixserve.runtime.engine import collect
+from radixserve.runtime.engine_client import EngineRefusal, RefusalKind
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.request import OutputStream, Request
 from radixserve.runtime.sampling_params import SamplingParams
@@ -88,6 +89,24 @@ def test_hold_for_sharing_is_bounded_in_steps():
         sim.step()
     assert leader.request_id in sim.admitted and follower.request_id in sim.admitted
     assert 0 < sim.scheduler.stats.held_for_sharing <= sim.scheduler.sharing.max_hold_steps
+
+
+def test_a_request_held_in_a_step_that_preempts_is_counted_once(monkeypatch):
+    rng = random.Random(6)
+    a, b = random_tokens(rng, 300), random_tokens(rng, 300)
+    sim = SimEngine(chunked_prefill_size=32, page_size=16)
+    sim.submit(a, max_tokens=2)
+    sim.submit(b, max_tokens=2)
+    sim.step()                                                    # both prefill their first chunk
+    follower = sim.submit(a[:280] + random_tokens(rng, 20), max_tokens=2)
+    real_alloc = sim.kv.alloc
+    # no page for anyone until a request is preempted: every running prompt is stuck, so the step
+    # is planned twice, the follower held (behind the leader's prefill of what they share) each time
+    monkeypatch.setattr(sim.kv, "alloc", lambda req, n: sim.scheduler.stats.preemptions > 0 and real_alloc(req, n))
+    batch = sim.step()
+    assert sim.scheduler.stats.preemptions == 1 and batch.extends
+    assert batch.held == [follower]
+    assert follower.held_steps == 1 and sim.scheduler.stats.held_for_sharing == 1
 
 
 def test_short_shared_header_does_not_hold_requests():
@@ -315,8 +334,9 @@ def test_cold_request_jumps_hot_ones_arriving_after_its_boost(make_engine, defau
 
 def test_request_larger_than_the_pool_is_rejected_at_submit(make_engine):
     engine = make_engine(kv_cache_tokens=256)
-    with pytest.raises(ValueError, match="KV cache of 256 tokens"):
+    with pytest.raises(EngineRefusal, match="KV cache of 256 tokens") as refused:
         engine.submit([7] * 200, SamplingParams(max_tokens=100))
+    assert (refused.value.kind, refused.value.field) == (RefusalKind.CONTEXT_LENGTH, "max_tokens")
     assert engine.generate([7] * 200, SamplingParams(max_tokens=8, temperature=0.0))[0].finish_reason
 
 
@@ -324,8 +344,9 @@ def test_full_queue_fails_fast_with_overloaded(make_engine):
     engine = make_engine(max_running_requests=1, max_waiting_requests=2)
     params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
     streams = [engine.submit([7] * 20, params, request_id=f"r{i}") for i in range(3)]
-    with pytest.raises(EngineOverloadedError, match="overloaded"):
+    with pytest.raises(EngineRefusal, match="overloaded") as refused:
         engine.submit([7] * 20, params)
+    assert refused.value.kind is RefusalKind.OVERLOADED
     for i in range(3):
         engine.abort(f"r{i}")
     assert [collect(s).finish_reason for s in streams] == ["abort"] * 3
@@ -360,8 +381,9 @@ def test_broken_page_invariant_is_logged_loudly_when_idle(make_engine, caplog, m
 
 def test_priority_must_be_an_integer(make_engine):
     engine = make_engine()
-    with pytest.raises(ValueError, match="priority"):
+    with pytest.raises(EngineRefusal) as refused:
         engine.submit([7] * 5, SamplingParams(priority=1.5))
+    assert refused.value.field == "priority"
 
 
 def test_lpm_is_the_default_policy():

@@ -6,8 +6,8 @@ import json
 
 import httpx
 
-from radixserve.api.chat_prompt import render_chat_prompt, with_schema_instruction
-from radixserve.api.protocol import ChatMessage
+from radixserve.api.openai.chat_prompt import render_chat_prompt, with_schema_instruction
+from radixserve.api.openai.protocol import ChatMessage
 from radixserve.api.server import build_app
 
 from .api_server import serve_app

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 
 from radixserve.grammar import GrammarSpec
+from radixserve.runtime.engine_client import EngineRefusal, RefusalKind
 from radixserve.runtime.sampling_params import SamplingParams
 
 PERSON = "Reply with a JSON object about a person called Ada who is 36."
@@ -218,12 +219,12 @@ def test_invalid_spec_fails_by_name_before_any_token(make_engine, chat_prompt, s
         return
     try:
         outputs = list(engine.submit(chat_prompt, params))
-    except ValueError as e:
-        assert str(e).startswith(named)
+    except EngineRefusal as e:
+        assert e.kind is RefusalKind.GRAMMAR and e.field == "constraint" and e.message.startswith(named)
         return
     assert len(outputs) == 1 and outputs[0].finish_reason == "error"
-    assert outputs[0].error_kind == "invalid_request"
-    assert outputs[0].error.startswith(named)
+    refusal = outputs[0].refusal
+    assert refusal is not None and refusal.kind is RefusalKind.GRAMMAR and refusal.message.startswith(named)
     assert outputs[0].token_ids == []
 
 
@@ -234,6 +235,8 @@ def test_unenforceable_keyword_is_rejected_by_name(make_engine, chat_prompt):
     outputs = list(engine.submit(chat_prompt, SamplingParams(max_tokens=8,
                                                              constraint=GrammarSpec.json_schema(schema))))
     assert outputs[-1].finish_reason == "error" and "uniqueItems" in outputs[-1].error
+    assert outputs[-1].refusal.keyword == "uniqueItems"
+    assert outputs[-1].refusal.pointer == "/properties/tags/uniqueItems"   # the keyword, in the schema as sent
     assert outputs[-1].token_ids == []
 
 
@@ -254,13 +257,14 @@ def test_abort_while_the_grammar_compiles_ends_the_stream(make_engine, chat_prom
     engine.abort(stream.request_id)
     outputs = list(stream)
     assert outputs[-1].finish_reason == "abort"
-    assert not engine._grammar_pending
+    assert not engine.structured.pending
 
 
 def test_unsupported_kind_of_the_selected_backend_is_rejected_at_submit(make_engine, chat_prompt):
     engine = make_engine(grammar_backend="outlines-core")
-    with pytest.raises(ValueError, match="ebnf.*outlines-core"):
+    with pytest.raises(EngineRefusal, match="ebnf.*outlines-core") as refused:
         engine.submit(chat_prompt, SamplingParams(constraint=GrammarSpec.ebnf('root ::= "a"')))
+    assert refused.value.kind is RefusalKind.GRAMMAR
 
 
 def test_outlines_core_backend_enforces_what_it_supports(make_engine, chat_prompt):

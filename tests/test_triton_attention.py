@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from radixserve.kernels.triton_attention import num_decode_splits
-from radixserve.runtime.attention import CpuAttentionBackend, make_attention_backend, resolve_attention_backend
+from radixserve.runtime.attention import make_attention_backend, resolve_attention_backend
+from radixserve.runtime.attention_cpu import KernelDecodes
+from radixserve.runtime.platform import get_platform
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.kv_cache import KVCache
 from .triton_interpreter import needs_triton, run_check_under_interpreter
@@ -32,9 +34,10 @@ def test_engine_greedy_output_with_triton_backend_equals_torch_backend_under_int
 
 
 def test_auto_backend_is_the_cpu_kernels_on_cpu_and_triton_on_cuda():
-    assert resolve_attention_backend("auto", torch.device("cpu")) == "cpu"
-    assert resolve_attention_backend("auto", torch.device("cuda")) == "triton"
-    assert resolve_attention_backend("torch", torch.device("cuda")) == "torch"
+    cpu, cuda = get_platform(torch.device("cpu")), get_platform(torch.device("cuda"))
+    assert resolve_attention_backend("auto", cpu) == "cpu"
+    assert resolve_attention_backend("auto", cuda) == "triton"
+    assert resolve_attention_backend("torch", cuda) == "torch"
 
 
 def test_triton_backend_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):
@@ -42,8 +45,9 @@ def test_triton_backend_refuses_cpu_tensors_outside_the_interpreter(monkeypatch)
     kv = KVCache(1, 2, 16, 1, 16, torch.float32, torch.device("cpu"))
     table = torch.zeros(1, 2, dtype=torch.long)
     with pytest.raises(ValueError, match="CUDA"):
-        make_attention_backend("triton", kv, table, 1)
-    assert isinstance(make_attention_backend("auto", kv, table, 1), CpuAttentionBackend)
+        make_attention_backend("triton", kv, table, 1, get_platform(torch.device("cpu")))
+    assert isinstance(make_attention_backend("auto", kv, table, 1, get_platform(torch.device("cpu"))).decodes,
+                      KernelDecodes)
 
 
 def test_config_accepts_triton_backend_and_rejects_unknown():

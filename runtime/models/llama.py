@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from radixserve.runtime.forward_batch import ForwardBatch
 from radixserve.runtime.models.config import ModelConfig
 from radixserve.runtime.models.rope import cos_sin_table
-from radixserve.runtime.platform import Platform, get_platform
+from radixserve.runtime.platform import Platform
 
 
 class DecoderLayer:
@@ -68,12 +68,12 @@ class DecoderLayer:
 
 class LlamaForCausalLM:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device, quantized: dict | None = None):
+                 platform: Platform, quantized: dict | None = None):
         """`quantized`: exact block-quantized forms of some weights (from GGUF files), which the
-        device's platform may use in place of the dequantised weights."""
+        platform may use in place of the dequantised weights."""
         self.cfg = cfg
+        device = platform.device
         self.dtype, self.device = dtype, device
-        platform = get_platform(device)
         w = {k: t.to(device=device, dtype=dtype) for k, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
         self.ops = platform.layer_ops()
@@ -91,8 +91,8 @@ class LlamaForCausalLM:
         """Float32 logits of `batch.sample_rows` (all rows when None)."""
         x = F.embedding(batch.input_ids, self.embed).float()
         fused = None
-        if self.fused_decode is not None:
-            fused = self.fused_decode(x, batch.positions, batch.out_slots, attn.paged_decode(batch))
+        if self.fused_decode is not None and batch.paged_decode is not None:
+            fused = self.fused_decode(x, batch.positions, batch.out_slots, batch.paged_decode)
         if fused is not None:
             x, delta = fused
         else:
