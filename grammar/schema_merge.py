@@ -101,14 +101,25 @@ def _numbers(a: dict, b: dict, pointer: str, ctx: MergeContext) -> dict:
     return out
 
 
+def _tighter_bounds(a: dict, b: dict, low: str, high: str, out: dict) -> None:
+    """The larger of the lower bounds and the smaller of the upper ones either side sets."""
+    lows = [s[low] for s in (a, b) if low in s]
+    highs = [s[high] for s in (a, b) if high in s]
+    if lows:
+        out[low] = max(lows)
+    if highs:
+        out[high] = min(highs)
+
+
+def _merge_subschema(a: dict, b: dict, key: str, pointer: str, ctx: MergeContext, out: dict) -> None:
+    """Both sides' subschema under `key` (absent: anything), merged, where either side has one."""
+    if key in a or key in b:
+        out[key] = _sub(a.get(key, {}), b.get(key, {}), pointer, ctx)
+
+
 def _strings(a: dict, b: dict, pointer: str, ctx: MergeContext) -> dict:
     out: dict[str, Any] = {}
-    mins = [s["minLength"] for s in (a, b) if "minLength" in s]
-    maxs = [s["maxLength"] for s in (a, b) if "maxLength" in s]
-    if mins:
-        out["minLength"] = max(mins)
-    if maxs:
-        out["maxLength"] = min(maxs)
+    _tighter_bounds(a, b, "minLength", "maxLength", out)
     patterns = list(dict.fromkeys(s["pattern"] for s in (a, b) if "pattern" in s))
     if len(patterns) > 1:
         ctx.refuse("pattern", pointer, "two different patterns cannot be combined into one exactly")
@@ -130,14 +141,8 @@ def _arrays(a: dict, b: dict, pointer: str, ctx: MergeContext) -> dict:
     prefix = [_sub(at(a, i), at(b, i), pointer, ctx) for i in range(length)]
     if prefix:
         out["prefixItems"] = prefix
-    if "items" in a or "items" in b:
-        out["items"] = _sub(a.get("items", {}), b.get("items", {}), pointer, ctx)
-    mins = [s["minItems"] for s in (a, b) if "minItems" in s]
-    maxs = [s["maxItems"] for s in (a, b) if "maxItems" in s]
-    if mins:
-        out["minItems"] = max(mins)
-    if maxs:
-        out["maxItems"] = min(maxs)
+    _merge_subschema(a, b, "items", pointer, ctx, out)
+    _tighter_bounds(a, b, "minItems", "maxItems", out)
     return out
 
 
@@ -156,22 +161,14 @@ def _objects(a: dict, b: dict, pointer: str, ctx: MergeContext) -> dict:
     required = list(dict.fromkeys([*a.get("required", []), *b.get("required", [])]))
     if required:
         out["required"] = required
-    if "additionalProperties" in a or "additionalProperties" in b:
-        out["additionalProperties"] = _sub(a.get("additionalProperties", {}), b.get("additionalProperties", {}),
-                                           pointer, ctx)
+    _merge_subschema(a, b, "additionalProperties", pointer, ctx, out)
     patterns = dict(a.get("patternProperties", {}))
     for key, sub in b.get("patternProperties", {}).items():
         patterns[key] = _sub(patterns[key], sub, pointer, ctx) if key in patterns else sub
     if patterns:
         out["patternProperties"] = patterns
-    if "propertyNames" in a or "propertyNames" in b:
-        out["propertyNames"] = _sub(a.get("propertyNames", {}), b.get("propertyNames", {}), pointer, ctx)
-    mins = [s["minProperties"] for s in (a, b) if "minProperties" in s]
-    maxs = [s["maxProperties"] for s in (a, b) if "maxProperties" in s]
-    if mins:
-        out["minProperties"] = max(mins)
-    if maxs:
-        out["maxProperties"] = min(maxs)
+    _merge_subschema(a, b, "propertyNames", pointer, ctx, out)
+    _tighter_bounds(a, b, "minProperties", "maxProperties", out)
     return out
 
 

@@ -62,6 +62,24 @@ if triton is not None:
         tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
+    def _kv_block(table_ptr, row, table_stride, pos, p_ok, kvh, d, d_ok, PAGE_SIZE: tl.constexpr,
+                  KV_HEADS: tl.constexpr, DIM: tl.constexpr):
+        """Cache offsets [positions, dim] of KV head `kvh` at context positions `pos` of page-table
+        row `row`, and where they are valid."""
+        page = tl.load(table_ptr + row * table_stride + pos // PAGE_SIZE, mask=p_ok, other=0)
+        slot = page * PAGE_SIZE + pos % PAGE_SIZE
+        return slot[:, None] * (KV_HEADS * DIM) + kvh * DIM + d[None, :], p_ok[:, None] & d_ok[None, :]
+
+    @triton.jit
+    def _online_softmax(s, m_i, l_i, acc, v_cache_ptr, off, kv_ok, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+        """One block of scores `s` into the running max, sum and weighted values (flash attention)."""
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        v = tl.load(v_cache_ptr + off, mask=kv_ok, other=0.0)
+        return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + _mma(p.to(v.dtype), v, PRECISION, UPCAST)
+
+    @triton.jit
     def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, rows_ptr, lens_ptr,
                              part_out_ptr, part_lse_ptr, scale, q_stride_b, q_stride_h, table_stride,
                              PAGE_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
@@ -94,20 +112,11 @@ if triton is not None:
         for start in range(lo, hi, BLOCK_N):
             pos = start + tl.arange(0, BLOCK_N)
             p_ok = pos < hi
-            page = tl.load(table_ptr + row * table_stride + pos // PAGE_SIZE, mask=p_ok, other=0)
-            slot = page * PAGE_SIZE + pos % PAGE_SIZE
-            off = slot[:, None] * (KV_HEADS * DIM) + kvh * DIM + d[None, :]
-            kv_ok = p_ok[:, None] & d_ok[None, :]
+            off, kv_ok = _kv_block(table_ptr, row, table_stride, pos, p_ok, kvh, d, d_ok, PAGE_SIZE, KV_HEADS, DIM)
             k = tl.load(k_cache_ptr + off, mask=kv_ok, other=0.0)
             s = _mma(q, tl.trans(k), PRECISION, UPCAST) * scale
-            s = tl.where(p_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every block has a valid position
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_cache_ptr + off, mask=kv_ok, other=0.0)
-            acc = acc * alpha[:, None] + _mma(p.to(v.dtype), v, PRECISION, UPCAST)
-            m_i = m_new
+            s = tl.where(p_ok[None, :], s, float("-inf"))  # finite somewhere: every block has a valid position
+            m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, v_cache_ptr, off, kv_ok, PRECISION, UPCAST)
         # an empty split: lse -inf and output 0, so the reduction gives it no weight
         lse = tl.where(l_i > 0, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -168,21 +177,12 @@ if triton is not None:
         for k_start in range(0, hi, BLOCK_N):
             pos = k_start + tl.arange(0, BLOCK_N)
             p_ok = pos < hi
-            page = tl.load(table_ptr + row * table_stride + pos // PAGE_SIZE, mask=p_ok, other=0)
-            slot = page * PAGE_SIZE + pos % PAGE_SIZE
-            off = slot[:, None] * (KV_HEADS * DIM) + kvh * DIM + d[None, :]
-            kv_ok = p_ok[:, None] & d_ok[None, :]
+            off, kv_ok = _kv_block(table_ptr, row, table_stride, pos, p_ok, kvh, d, d_ok, PAGE_SIZE, KV_HEADS, DIM)
             k = tl.load(k_cache_ptr + off, mask=kv_ok, other=0.0)
             s = _mma(q, tl.trans(k), PRECISION, UPCAST) * scale
-            s = tl.where(p_ok[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
             # finite from the first block on: position 0 is visible to every row
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_cache_ptr + off, mask=kv_ok, other=0.0)
-            acc = acc * alpha[:, None] + _mma(p.to(v.dtype), v, PRECISION, UPCAST)
-            m_i = m_new
+            s = tl.where(p_ok[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+            m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, v_cache_ptr, off, kv_ok, PRECISION, UPCAST)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + rows[:, None] * out_stride_t + h * out_stride_h + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & d_ok[None, :])

@@ -20,8 +20,8 @@ from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.detokenizer import IncrementalDetokenizer
 from radixserve.runtime.engine_client import (EngineHealth, EngineRefusal, EngineStats, Prompt, PrefixSummary,
                                               RefusalKind)
-from radixserve.runtime.engine_loop import (AbortAll, AbortRequest, AddRequest, CheckPages, EngineLoop, FlushCache,
-                                            LiveRequests, LoopParts, SummarizePrefixes, stopped)
+from radixserve.runtime.engine_loop import (Abort, AddRequest, CheckPages, EngineLoop, FlushCache, LiveRequests,
+                                            LoopParts, SummarizePrefixes, stopped)
 from radixserve.runtime.kv_cache import KVCache, kv_cache_tokens
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
@@ -141,11 +141,11 @@ class Engine:
         return self.submit(prompt, params, request_id)
 
     def abort(self, request_id: str) -> None:
-        self.loop.send(AbortRequest(request_id))
+        self.loop.send(Abort(request_id))
 
     def abort_all(self) -> None:
         """End every request now with finish_reason "abort" (their text so far is kept)."""
-        self.loop.send(AbortAll())
+        self.loop.send(Abort())
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[CompletionResult]:

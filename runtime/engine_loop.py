@@ -53,17 +53,15 @@ class Reply:
 
 @dataclass(frozen=True)
 class AddRequest:
+    """A submitted request joins the queue (once its grammar, if any, has compiled)."""
     req: Request
 
 
 @dataclass(frozen=True)
-class AbortRequest:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class AbortAll:
-    """End every request now with finish_reason "abort" (their text so far is kept)."""
+class Abort:
+    """End one request, or without an id every request, now with finish_reason "abort" (the text
+    so far is kept)."""
+    request_id: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ class SummarizePrefixes:
 
 @dataclass(frozen=True)
 class Stop:
-    pass
+    """Wake the loop to see that it must end."""
 
 
 class LiveRequests:
@@ -151,7 +149,7 @@ class EngineLoop:
         self.last_step_seconds = 0.0
         self.last_batch_size = 0
         self._handlers: dict[type, Callable[[Any], Any]] = {
-            AddRequest: self._on_add, AbortRequest: self._on_abort, AbortAll: self._on_abort_all,
+            AddRequest: self._on_add, Abort: self._on_abort,
             FlushCache: self._on_flush, CheckPages: self._on_check_pages, SummarizePrefixes: self._on_summarize,
         }
 
@@ -353,21 +351,16 @@ class EngineLoop:
                 reply.set(error=e)
 
     def _on_add(self, m: AddRequest) -> None:
-        if m.req.is_finished:  # an AbortAll queued just before its AddRequest ended it
+        if m.req.is_finished:  # an Abort of all queued just before its AddRequest ended it
             return
         if m.req.grammar is not None:
             self.structured.wait_for(m.req)
         else:
             self.scheduler.add(m.req)
 
-    def _on_abort(self, m: AbortRequest) -> None:
-        req = self.live.get(m.request_id)
-        if req is not None and not req.is_finished:
-            self.outputs.finish(req, "abort")
-
-    def _on_abort_all(self, _: AbortAll) -> None:
-        for req in self.live.all():
-            if not req.is_finished:
+    def _on_abort(self, m: Abort) -> None:
+        for req in self.live.all() if m.request_id is None else [self.live.get(m.request_id)]:
+            if req is not None and not req.is_finished:
                 self.outputs.finish(req, "abort")
 
     def _on_flush(self, _: FlushCache) -> None:
