@@ -31,9 +31,6 @@ class TreeNode:
     # summary; a split keeps them valid (a prefix's hash does not depend on where edges are cut)
     hashes: Optional[list[int]] = None
 
-    def __lt__(self, other: "TreeNode") -> bool:
-        return self.last_access < other.last_access
-
     @property
     def is_leaf(self) -> bool:
         return not self.children

@@ -28,7 +28,7 @@ class ModelRunner:
         self.platform = platform
         self.graphs: DecodeGraphRunner | None = None
         # the whole-layer decode needs both a model with the fused form and a backend that plans for it
-        self._paged_decode = attention.paged_decode if getattr(model, "fused_decode", None) is not None else None
+        self._paged_decode = attention.paged_decode if model.fused_decode is not None else None
 
     def use_decode_graphs(self, max_batch: int, max_context_len: int, capture: bool = True) -> bool:
         """Replay pure-decode steps from CUDA graphs where the platform and the backend offer them

@@ -187,59 +187,53 @@ def test_health_generate_answers_503_with_retry_after_when_the_queue_is_full(def
 SLOW_WORK_S = 20.0   # how long the slow work below would block, unless the test releases it first
 
 
-def _request_in_thread(fn) -> tuple[threading.Thread, list]:
+class SlowWork:
+    """Wraps `fn` so that a call it `applies` to blocks until `release`d, setting `started` first."""
+
+    def __init__(self, fn, applies=lambda *args: True):
+        self.fn, self.applies = fn, applies
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, *args, **kwargs):
+        if self.applies(*args):
+            self.started.set()
+            self.release.wait(SLOW_WORK_S)
+        return self.fn(*args, **kwargs)
+
+
+def health_while_blocked(url: str, slow: SlowWork, request) -> tuple[httpx.Response, httpx.Response]:
+    """/health asked while `request` (sent on another thread) is held up in `slow`; then both replies."""
     result: list = []
-    thread = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    thread = threading.Thread(target=lambda: result.append(request()), daemon=True)
     thread.start()
-    return thread, result
+    assert slow.started.wait(SLOW_WORK_S)
+    try:
+        health = httpx.get(url + "/health", timeout=3)
+    finally:
+        slow.release.set()
+    thread.join(60)
+    return health, result[0]
 
 
 def test_health_answers_while_the_first_constrained_request_builds_the_grammar_backend(default_model_files,
                                                                                         monkeypatch):
     from radixserve.runtime import structured_output
 
-    building, release = threading.Event(), threading.Event()
-    real = structured_output.make_grammar_backend
-
-    def slow_build(*args, **kwargs):
-        building.set()
-        release.wait(SLOW_WORK_S)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(structured_output, "make_grammar_backend", slow_build)
+    slow = SlowWork(structured_output.make_grammar_backend)
+    monkeypatch.setattr(structured_output, "make_grammar_backend", slow)
     with server(default_model_files) as (url, _):
-        thread, constrained = _request_in_thread(lambda: chat(url, response_format={"type": "json_object"}))
-        assert building.wait(SLOW_WORK_S)
-        try:
-            health = httpx.get(url + "/health", timeout=3)
-        finally:
-            release.set()
-        thread.join(60)
+        health, constrained = health_while_blocked(url, slow, lambda: chat(url, response_format={"type": "json_object"}))
     assert health.status_code == 200
-    assert constrained[0].status_code == 200
+    assert constrained.status_code == 200
 
 
 def test_health_answers_while_a_prompt_is_tokenised(default_model_files, monkeypatch):
     marker = "Tokenise me slowly"
-    tokenizing, release = threading.Event(), threading.Event()
     tokenizer = default_model_files.tokenizer
-    real = tokenizer.encode
-
-    def slow_encode(text, *args, **kwargs):
-        if marker in text:
-            tokenizing.set()
-            release.wait(SLOW_WORK_S)
-        return real(text, *args, **kwargs)
-
-    monkeypatch.setattr(tokenizer, "encode", slow_encode)
+    slow = SlowWork(tokenizer.encode, applies=lambda text, *_: marker in text)
+    monkeypatch.setattr(tokenizer, "encode", slow)
     with server(default_model_files) as (url, _):
-        thread, reply = _request_in_thread(lambda: httpx.post(url + "/v1/chat/completions", timeout=60, json={
+        health, reply = health_while_blocked(url, slow, lambda: httpx.post(url + "/v1/chat/completions", timeout=60, json={
             "model": MODEL, "messages": [{"role": "user", "content": marker}], "max_tokens": 2}))
-        assert tokenizing.wait(SLOW_WORK_S)
-        try:
-            health = httpx.get(url + "/health", timeout=3)
-        finally:
-            release.set()
-        thread.join(60)
     assert health.status_code == 200
-    assert reply[0].status_code == 200
+    assert reply.status_code == 200

@@ -29,6 +29,7 @@ log = logging.getLogger("radixserve.ingress")
 PROBE_PERIOD_S = 2.0
 PROBE_TIMEOUT_S = 30.0
 
+
 class RemoteStream:
     """One engine request's outputs as they arrive from its replica (an `OutputSource`)."""
 
