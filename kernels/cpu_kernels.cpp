@@ -452,95 +452,313 @@ void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int6
 }
 
 
-// ---- linear layers on block-quantized weights (blocks of 32 along the input dim) ------------------
-// w = q * scale + zero per block, q either 4-bit (two per byte: byte j of a block holds q[j] in
-// its low and q[j + 16] in its high nibble, GGUF's Q4 order) or int8 (Q8_0, zero 0). A small
-// batch is bound by reading the weights (float32 reads 4 bytes a weight, these 0.625 / 1.125)
-// and by widening them: the activations are rounded per block to int16 (x = xq * xscale, error
-// below 2^-16 of the block's largest value, ~500x finer than the bf16 activations torch's int4
-// kernel takes), so that one integer multiply-add handles 16 weights and the dot of a block is
-// exact in int32. y = sum_b scale_b * xscale_b * dot(q_b, xq_b) + zero_b * sum(x_b).
+// ---- linear layers on block-quantized weights, as a GGUF file stores them -------------------------
+// The file's own bytes (memory-mapped, never copied: runtime/models/quant.py) in six block types:
+// Q4_0, Q4_1, Q8_0 (blocks of 32 with an f16 scale) and the K-quants Q4_K, Q5_K, Q6_K (super-blocks
+// of 256: eight sub-blocks of 32 with 6- or 8-bit scales under an f16 one). Every type is read a
+// sub-block of 32 at a time as 32 small integers q, one float scale and one float zero:
+//   w = scale * q + zero   (Q6_K: q already carries its two 8-bit sub-scales, see there)
+// The activations are rounded per block of 32 to int8 (x = xq * xscale, as llama.cpp's dot
+// products round them: half a step of 1/127 of the block's largest), so that a sub-block's dot is
+// exact in int32: u8 x s8 multiply-adds, 32 weights an instruction pair (maddubs + madd; one
+// dpbusd where VNNI is present). y = sum_b scale_b * xscale_b * dot(q_b, xq_b) + zero_b * sum(x_b):
+// the zero term takes the block's float sum of x as it is. A super-block's header is decoded
+// once for all the activation rows a tile holds.
 constexpr int64_t QBLOCK = 32;
 
-struct Q4 {
-  static constexpr int64_t BYTES = 16;  // a block's bytes
-  static int32_t get(const uint8_t* p, int j) { return j < 16 ? p[j] & 0x0F : p[j - 16] >> 4; }
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (man << 13);  // inf / NaN
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    uint32_t m = man;
+    do {
+      ++e;
+      m <<= 1;
+    } while ((m & 0x400u) == 0);
+    bits = sign | (uint32_t(112 - e) << 23) | ((m & 0x3FFu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// A super-block's decoded header: each sub-block's float scale and zero, and Q6_K's integer
+// sub-scales (two a sub-block, one per 16 weights)
+template <int SUBS>
+struct Header {
+  float scale[SUBS], zero[SUBS];
+  int16_t isc[SUBS][2];
 };
-struct Q8 {
-  static constexpr int64_t BYTES = 32;
-  static int32_t get(const uint8_t* p, int j) { return int8_t(p[j]); }
+
+// the 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (12 packed bytes)
+inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Each type: SUBS sub-blocks of 32 in BYTES bytes; header(); q(p, j, l), the integer of weight l of
+// sub-block j that the dot multiplies (the portable loops and the tests' reference); dequantize(),
+// float32 weights in the order and rounding of the gguf package's numpy reference (bit for bit);
+// and, with AVX2, weights(p, j) (the sub-block's 32 integers in a vector) and dot(w, x, header, j).
+struct Q4_0 {
+  static constexpr int SUBS = 1, BYTES = 18;
+  static constexpr bool ZERO = true;
+  static void header(const uint8_t* p, Header<1>& h) {
+    h.scale[0] = half_to_float(p);
+    h.zero[0] = -8.0f * h.scale[0];
+  }
+  static int32_t q(const uint8_t* p, int, int l) { return l < 16 ? p[2 + l] & 0x0F : p[2 + l - 16] >> 4; }
+  static void dequantize(const uint8_t* p, float* y) {
+    const float d = half_to_float(p);
+    for (int l = 0; l < 32; ++l) y[l] = d * float(q(p, 0, l) - 8);
+  }
+};
+struct Q4_1 {
+  static constexpr int SUBS = 1, BYTES = 20;
+  static constexpr bool ZERO = true;
+  static void header(const uint8_t* p, Header<1>& h) {
+    h.scale[0] = half_to_float(p);
+    h.zero[0] = half_to_float(p + 2);
+  }
+  static int32_t q(const uint8_t* p, int, int l) { return l < 16 ? p[4 + l] & 0x0F : p[4 + l - 16] >> 4; }
+  static void dequantize(const uint8_t* p, float* y) {
+    const float d = half_to_float(p), m = half_to_float(p + 2);
+    for (int l = 0; l < 32; ++l) y[l] = d * float(q(p, 0, l)) + m;
+  }
+};
+struct Q8_0 {
+  static constexpr int SUBS = 1, BYTES = 34;
+  static constexpr bool ZERO = false;
+  static void header(const uint8_t* p, Header<1>& h) {
+    h.scale[0] = half_to_float(p);
+    h.zero[0] = 0.f;
+  }
+  static int32_t q(const uint8_t* p, int, int l) { return int8_t(p[2 + l]); }
+  static void dequantize(const uint8_t* p, float* y) {
+    const float d = half_to_float(p);
+    for (int l = 0; l < 32; ++l) y[l] = d * float(q(p, 0, l));
+  }
+};
+// Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit q; the 32 bytes of
+// sub-blocks 2i and 2i + 1 hold the first in their low nibbles, the second in their high ones.
+// w = d * sc_j * q - dmin * m_j
+struct Q4_K {
+  static constexpr int SUBS = 8, BYTES = 144;
+  static constexpr bool ZERO = true;
+  static void header(const uint8_t* p, Header<8>& h) {
+    const float d = half_to_float(p), dmin = half_to_float(p + 2);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      scale_min_k4(j, p + 4, sc, m);
+      h.scale[j] = d * float(sc);
+      h.zero[j] = -(dmin * float(m));
+    }
+  }
+  static int32_t q(const uint8_t* p, int j, int l) {
+    const uint8_t b = p[16 + 32 * (j / 2) + l];
+    return j % 2 == 0 ? b & 0x0F : b >> 4;
+  }
+  static void dequantize(const uint8_t* p, float* y) {
+    Header<8> h;
+    header(p, h);
+    for (int j = 0; j < 8; ++j)
+      for (int l = 0; l < 32; ++l) y[32 * j + l] = h.scale[j] * float(q(p, j, l)) + h.zero[j];
+  }
+};
+// Q5_K: Q4_K's layout plus 32 bytes of fifth bits (bit j of byte l: weight l of sub-block j)
+struct Q5_K {
+  static constexpr int SUBS = 8, BYTES = 176;
+  static constexpr bool ZERO = true;
+  static void header(const uint8_t* p, Header<8>& h) { Q4_K::header(p, h); }
+  static int32_t q(const uint8_t* p, int j, int l) {
+    const uint8_t b = p[48 + 32 * (j / 2) + l];
+    return (j % 2 == 0 ? b & 0x0F : b >> 4) | (((p[16 + l] >> j) & 1) << 4);
+  }
+  static void dequantize(const uint8_t* p, float* y) {
+    Header<8> h;
+    header(p, h);
+    for (int j = 0; j < 8; ++j)
+      for (int l = 0; l < 32; ++l) y[32 * j + l] = h.scale[j] * float(q(p, j, l)) + h.zero[j];
+  }
+};
+// Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales (one per 16 weights), f16
+// d. w = d * sc * (u - 32), u in 0..63. Sub-block j = 4h + k of half h: low nibbles of bytes
+// 64h + 32(k % 2) + l for k < 2, high ones for k >= 2; bits 2k, 2k + 1 of byte 32h + l of the
+// pairs; scales 8h + 2k (weights 0..15) and 8h + 2k + 1 (16..31). Its q is sc * (u - 32): the
+// integer dot carries the sub-scales, the float scale is d.
+struct Q6_K {
+  static constexpr int SUBS = 8, BYTES = 210;
+  static constexpr bool ZERO = false;
+  static void header(const uint8_t* p, Header<8>& h) {
+    const float d = half_to_float(p + 208);
+    for (int j = 0; j < 8; ++j) {
+      h.scale[j] = d;
+      h.zero[j] = 0.f;
+      const int s = 8 * (j / 4) + 2 * (j % 4);
+      h.isc[j][0] = int8_t(p[192 + s]);
+      h.isc[j][1] = int8_t(p[192 + s + 1]);
+    }
+  }
+  static int32_t u(const uint8_t* p, int j, int l) {
+    const int half = j / 4, k = j % 4;
+    const uint8_t lo = p[64 * half + 32 * (k % 2) + l];
+    const int nib = k < 2 ? lo & 0x0F : lo >> 4;
+    return nib | (((p[128 + 32 * half + l] >> (2 * k)) & 3) << 4);
+  }
+  static int32_t q(const uint8_t* p, int j, int l) {
+    const int s = 8 * (j / 4) + 2 * (j % 4) + l / 16;
+    return int8_t(p[192 + s]) * (u(p, j, l) - 32);
+  }
+  static void dequantize(const uint8_t* p, float* y) {
+    const float d = half_to_float(p + 208);
+    for (int j = 0; j < 8; ++j)
+      for (int l = 0; l < 32; ++l) {
+        const int s = 8 * (j / 4) + 2 * (j % 4) + l / 16;
+        y[32 * j + l] = (d * float(int8_t(p[192 + s]))) * float(u(p, j, l) - 32);
+      }
+  }
 };
 
 #if defined(__AVX2__) && defined(__FMA__)
-// a block's 32 weights as two vectors of 16 int16
-inline void widen(const Q4&, const uint8_t* p, __m256i w[2]) {
-  // each byte to 16 bits first: then the high nibble needs only the shift
-  const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  w[0] = _mm256_and_si256(v, _mm256_set1_epi16(0x0F));
-  w[1] = _mm256_srli_epi16(v, 4);
+// sums of four u8 x s8 products into each int32 lane (no saturation: every caller's u8 <= 128 and
+// |s8| <= 127, so a maddubs pair stays within int16)
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
 }
-inline void widen(const Q8&, const uint8_t* p, __m256i w[2]) {
-  w[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  w[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+inline __m256i nibbles32(const uint8_t* p) {  // 16 bytes -> their 16 low nibbles, then their 16 high ones
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
 }
-// out[r][t] = sum_b scale_b * xscale_b * dot(q_b, xq_b) for NR weight rows (nb blocks each, back
-// to back) and NT activation rows
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256i k_nibbles(const uint8_t* p, int j) {  // sub-block j's nibbles of a K-quant's 128 bytes
+  const __m256i v = load32(p + 32 * (j / 2));
+  return _mm256_and_si256(j % 2 == 0 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+}
+
+inline __m256i weights(const Q4_0&, const uint8_t* p, int) { return nibbles32(p + 2); }
+inline __m256i weights(const Q4_1&, const uint8_t* p, int) { return nibbles32(p + 4); }
+inline __m256i weights(const Q8_0&, const uint8_t* p, int) { return load32(p + 2); }
+inline __m256i weights(const Q4_K&, const uint8_t* p, int j) { return k_nibbles(p + 16, j); }
+inline __m256i weights(const Q5_K&, const uint8_t* p, int j) {
+  const __m256i bit = _mm256_set1_epi8(char(1 << j));
+  const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(load32(p + 16), bit), bit),
+                                        _mm256_set1_epi8(0x10));
+  return _mm256_or_si256(k_nibbles(p + 48, j), high);
+}
+inline __m256i weights(const Q6_K&, const uint8_t* p, int j) {
+  const int half = j / 4, k = j % 4;
+  const __m256i lo = load32(p + 64 * half + 32 * (k % 2));
+  const __m256i nib = _mm256_and_si256(k < 2 ? lo : _mm256_srli_epi16(lo, 4), _mm256_set1_epi8(0x0F));
+  const __m256i pairs = _mm256_and_si256(_mm256_srli_epi16(load32(p + 128 + 32 * half), 2 * k), _mm256_set1_epi8(3));
+  return _mm256_or_si256(nib, _mm256_slli_epi16(pairs, 4));
+}
+
+template <int S>
+inline __m256i dot(const Q4_0&, __m256i w, __m256i x, const Header<S>&, int) { return dot_u8s8(w, x); }
+template <int S>
+inline __m256i dot(const Q4_1&, __m256i w, __m256i x, const Header<S>&, int) { return dot_u8s8(w, x); }
+template <int S>
+inline __m256i dot(const Q4_K&, __m256i w, __m256i x, const Header<S>&, int) { return dot_u8s8(w, x); }
+template <int S>
+inline __m256i dot(const Q5_K&, __m256i w, __m256i x, const Header<S>&, int) { return dot_u8s8(w, x); }
+template <int S>
+inline __m256i dot(const Q8_0&, __m256i w, __m256i x, const Header<S>&, int) {
+  // signed weights: |w| times x carrying w's sign
+  return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+template <int S>
+inline __m256i dot(const Q6_K&, __m256i w, __m256i x, const Header<S>& h, int j) {
+  // (u - 32) . x per pair of weights, then each 16's pairs times its sub-scale
+  const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(w, x), _mm256_maddubs_epi16(_mm256_set1_epi8(32), x));
+  const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(h.isc[j][1]), _mm_set1_epi16(h.isc[j][0]));
+  return _mm256_madd_epi16(p, sc);
+}
+
+// out[r][t] = sum over the row's sub-blocks of scale * xscale * dot + zero * xsum, for NR weight
+// rows (w[r]: the first super-block of each) and NT activation rows
 template <class K, int NR, int NT>
-inline void tile(const uint8_t* q, const float* scale, int64_t nb, const int16_t* xq, const float* xscale,
+inline void tile(const uint8_t* const* w, int64_t nsb, const int8_t* xq, const float* xscale, const float* xsum,
                  int64_t cols, float out[NR][NT]) {
-  // even and odd blocks add into separate sums: one chain of dependent adds would wait out each
-  // add's latency, longer than a block's work at one activation row
-  __m256 even[NR][NT], odd[NR][NT];
+  const int64_t nb = cols / QBLOCK;
+  __m256 acc[NR][NT];
+  float zsum[NR][NT];
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) even[r][t] = odd[r][t] = _mm256_setzero_ps();
-  const auto block = [&](int64_t b, __m256 acc[NR][NT]) __attribute__((always_inline)) {
-    for (int r = 0; r < NR; ++r) {
-      __m256i w[2];
-      widen(K{}, q + (r * nb + b) * K::BYTES, w);
-      const __m256 s = _mm256_broadcast_ss(scale + r * nb + b);
+    for (int t = 0; t < NT; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      zsum[r][t] = 0.f;
+    }
+  for (int64_t s = 0; s < nsb; ++s) {
+    Header<K::SUBS> h[NR];
+    for (int r = 0; r < NR; ++r) K::header(w[r] + s * K::BYTES, h[r]);
+    for (int j = 0; j < K::SUBS; ++j) {
+      const int64_t b = s * K::SUBS + j;
+      __m256i wv[NR];
+      for (int r = 0; r < NR; ++r) wv[r] = weights(K{}, w[r] + s * K::BYTES, j);
       for (int t = 0; t < NT; ++t) {
-        const __m256i* xb = reinterpret_cast<const __m256i*>(xq + t * cols + b * QBLOCK);
-        const __m256i d = _mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256(xb)),
-                                           _mm256_madd_epi16(w[1], _mm256_loadu_si256(xb + 1)));
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d),
-                                    _mm256_mul_ps(s, _mm256_broadcast_ss(xscale + t * nb + b)), acc[r][t]);
+        const __m256i x = load32(reinterpret_cast<const uint8_t*>(xq + t * cols + b * QBLOCK));
+        const float xs = xscale[t * nb + b];
+        for (int r = 0; r < NR; ++r) {
+          const __m256i d = dot(K{}, wv[r], x, h[r], j);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(h[r].scale[j] * xs), acc[r][t]);
+          if (K::ZERO) zsum[r][t] += h[r].zero[j] * xsum[t * nb + b];
+        }
       }
     }
-  };
-  int64_t b = 0;
-  for (; b + 1 < nb; b += 2) {
-    block(b, even);
-    block(b + 1, odd);
   }
-  if (b < nb) block(b, even);
   for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) out[r][t] = hsum(_mm256_add_ps(even[r][t], odd[r][t]));
+    for (int t = 0; t < NT; ++t) out[r][t] = hsum(acc[r][t]) + zsum[r][t];
 }
 #else
 template <class K, int NR, int NT>
-inline void tile(const uint8_t* q, const float* scale, int64_t nb, const int16_t* xq, const float* xscale,
+inline void tile(const uint8_t* const* w, int64_t nsb, const int8_t* xq, const float* xscale, const float* xsum,
                  int64_t cols, float out[NR][NT]) {
+  const int64_t nb = cols / QBLOCK;
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) {
       float acc = 0.f;
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t d = 0;
-        for (int j = 0; j < QBLOCK; ++j) d += K::get(q + (r * nb + b) * K::BYTES, j) * xq[t * cols + b * QBLOCK + j];
-        acc += float(d) * (scale[r * nb + b] * xscale[t * nb + b]);
+      for (int64_t s = 0; s < nsb; ++s) {
+        const uint8_t* p = w[r] + s * K::BYTES;
+        Header<K::SUBS> h;
+        K::header(p, h);
+        for (int j = 0; j < K::SUBS; ++j) {
+          const int64_t b = s * K::SUBS + j;
+          int32_t d = 0;
+          for (int l = 0; l < QBLOCK; ++l) d += K::q(p, j, l) * xq[t * cols + b * QBLOCK + l];
+          acc += float(d) * (h.scale[j] * xscale[t * nb + b]);
+          if (K::ZERO) acc += h.zero[j] * xsum[t * nb + b];
+        }
       }
       out[r][t] = acc;
     }
 }
 #endif
 
-// Activations [blocks of 32] rounded to int16 per block: x = xq * xscale; xsum: each block's sum
-inline void quantize_blocks(const float* x, int64_t blocks, int16_t* xq, float* xscale, float* xsum) {
+// Activations [blocks of 32] rounded to int8 per block: x = xq * xscale; xsum: each block's sum
+inline void quantize_blocks(const float* x, int64_t blocks, int8_t* xq, float* xscale, float* xsum) {
   for (int64_t tb = 0; tb < blocks; ++tb) {
     const float* xb = x + tb * QBLOCK;
-    int16_t* qb = xq + tb * QBLOCK;
+    int8_t* qb = xq + tb * QBLOCK;
 #if defined(__AVX2__) && defined(__FMA__)
-    // the scalar loop below did not vectorise: at one token it was the larger part of a layer's
-    // SiLU stage
     __m256 v[4], top8 = _mm256_setzero_ps(), sum8 = _mm256_setzero_ps();
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int i = 0; i < 4; ++i) {
@@ -552,111 +770,144 @@ inline void quantize_blocks(const float* x, int64_t blocks, int16_t* xq, float* 
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float top = std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_movehdup_ps(m4)));
     const float sum = hsum(sum8);
-    const __m256 inv = _mm256_set1_ps(top > 0.f ? 32767.0f / top : 0.f);
-    // round to nearest even (the default mode), as nearbyint does; pack's lanes put back in order
-    for (int i = 0; i < 4; i += 2) {
-      const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
-      const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(v[i + 1], inv));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 8 * i),
-                          _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
-    }
+    const __m256 inv = _mm256_set1_ps(top > 0.f ? 127.0f / top : 0.f);
+    // round to nearest even (the default mode), as nearbyint does; the packs' lanes put back in order
+    const __m256i a = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)),
+                                         _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv)));
+    const __m256i b = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)),
+                                         _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv)));
+    const __m256i packed = _mm256_packs_epi16(a, b);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
+                        _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 #else
     float top = 0.f, sum = 0.f;
     for (int j = 0; j < QBLOCK; ++j) {
       top = std::max(top, std::fabs(xb[j]));
       sum += xb[j];
     }
-    const float inv = top > 0.f ? 32767.0f / top : 0.f;
-    for (int j = 0; j < QBLOCK; ++j) qb[j] = int16_t(std::nearbyint(xb[j] * inv));
+    const float inv = top > 0.f ? 127.0f / top : 0.f;
+    for (int j = 0; j < QBLOCK; ++j) qb[j] = int8_t(std::nearbyint(xb[j] * inv));
 #endif
-    xscale[tb] = top / 32767.0f;
+    xscale[tb] = top / 127.0f;
     xsum[tb] = sum;
   }
 }
 
-// A block-quantized weight [rows, cols] and its bias (kernels/cpu_kernels.py's BlockWeight): q holds a
-// row's blocks back to back; scale, zero: [rows, cols / 32]; zero and bias may be null.
+// Block types, as runtime/models/quant.py numbers them
+enum BlockKind : int64_t { KIND_Q4_0 = 0, KIND_Q4_1 = 1, KIND_Q8_0 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4, KIND_Q6_K = 5 };
+
+template <class F>
+inline void with_kind(int64_t kind, F f) {
+  switch (kind) {
+    case KIND_Q4_0: f(Q4_0{}); break;
+    case KIND_Q4_1: f(Q4_1{}); break;
+    case KIND_Q8_0: f(Q8_0{}); break;
+    case KIND_Q4_K: f(Q4_K{}); break;
+    case KIND_Q5_K: f(Q5_K{}); break;
+    default: f(Q6_K{}); break;
+  }
+}
+
+// Rows of one block type: output row i is the file's row row_map[i] (row_map null: row i), each
+// row_bytes apart. A matrix is up to three of these stacked along the output dim (q, k and v as
+// one projection: their types may differ, Q4_K_M gives v more bits) and a float32 bias.
+struct BlockSegment {
+  const uint8_t* data;
+  const int32_t* row_map;
+  int64_t row_bytes, rows, kind;
+};
 struct BlockMatrix {
-  const uint8_t* q;
-  const float* scale;
-  const float* zero;
+  BlockSegment segment[3];
+  int64_t n_segments;
   const float* bias;
-  int64_t rows, cols, bits;  // bits: 4 (Q4) or 8 (Q8)
+  int64_t rows, cols;
 };
 
 // Rows a tile asks the memory for ahead of reading them: the hardware prefetcher alone left the
-// 8-bit LM head (576 bytes a row) waiting on memory, at ~2.5x the time a block takes with this
-// (a one-off C++ loop over a 49152 x 576 Q8 weight; in the engine the LM head went from ~2.0 to
-// ~1.1-1.5 ms a step, bench/decode_floor.py's "linear layers + LM head" from 8.3 to 5.0 ms)
+// 8-bit LM head waiting on memory (bench/decode_floor.py's "linear layers + LM head")
 constexpr int64_t PREFETCH_ROWS = 8;
+// Activation rows a prefill pass holds in L2 while every weight row streams past (bytes)
+constexpr int64_t CHUNK_BYTES = 128 << 10;
+
+template <class K, int NR, int NT>
+inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, int64_t row0, int64_t out_rows, int64_t cols,
+                     const int8_t* xq, const float* xscale, const float* xsum, const float* bias, float* out,
+                     bool prefetch) {
+  const int64_t nsb = cols / (QBLOCK * K::SUBS), nb = cols / QBLOCK;
+  const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
+  const uint8_t* w[NR];
+  for (int i = 0; i < NR; ++i) w[i] = row(r + i);
+  if (prefetch && r + PREFETCH_ROWS + NR <= s.rows)
+    for (int i = 0; i < NR; ++i) {
+      const char* ahead = reinterpret_cast<const char*>(row(r + PREFETCH_ROWS + i));
+      for (int64_t o = 0; o < s.row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
+    }
+  float d[NR][NT];
+  tile<K, NR, NT>(w, nsb, xq + t0 * cols, xscale + t0 * nb, xsum + t0 * nb, cols, d);
+  for (int i = 0; i < NR; ++i)
+    for (int t = 0; t < NT && t0 + t < n; ++t) {
+      float y = d[i][t];
+      if (bias != nullptr) y += bias[row0 + r + i];  // after the sum, as a separate bias add rounds
+      out[(t0 + t) * out_rows + row0 + r + i] = y;
+    }
+}
+
+// One segment's rows of out [n, m.rows]. Called by every thread of a team (orphaned worksharing
+// loops, nowait: the caller ends the matrix with a barrier). The activations are padded to a
+// multiple of four rows (QuantizedRows), so that a tile's four always exist; only n are written.
+template <class K>
+void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int64_t n, const int8_t* xq,
+                  const float* xscale, const float* xsum, float* out) {
+  const int64_t cols = m.cols;
+  if (n == 1) {
+    // one token: every weight row read once, four at a time (four independent sums)
+#pragma omp for schedule(static) nowait
+    for (int64_t p = 0; p < s.rows / 4; ++p)
+      run_tile<K, 4, 1>(s, 4 * p, 0, 1, row0, m.rows, cols, xq, xscale, xsum, m.bias, out, true);
+#pragma omp for schedule(static) nowait
+    for (int64_t r = s.rows / 4 * 4; r < s.rows; ++r)
+      run_tile<K, 1, 1>(s, r, 0, 1, row0, m.rows, cols, xq, xscale, xsum, m.bias, out, false);
+    return;
+  }
+  // chunks of activation rows that stay in L2, each against every weight row; tiles of two weight
+  // rows by four activation rows (each unpacked sub-block used four times)
+  const int64_t chunk = std::max<int64_t>(4, CHUNK_BYTES / cols / 4 * 4);
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t c1 = std::min(n, c0 + chunk);
+#pragma omp for schedule(static) nowait
+    for (int64_t p = 0; p < (s.rows + 1) / 2; ++p)
+      for (int64_t t0 = c0; t0 < c1; t0 += 4) {
+        if (2 * p + 1 < s.rows) run_tile<K, 2, 4>(s, 2 * p, t0, n, row0, m.rows, cols, xq, xscale, xsum, m.bias, out, n < 8);
+        else run_tile<K, 1, 4>(s, 2 * p, t0, n, row0, m.rows, cols, xq, xscale, xsum, m.bias, out, false);
+      }
+  }
+}
 
 // out [n, rows] = x [n, cols] times the weight^T (+ bias), from x as quantize_blocks leaves it.
-// Called by every thread of a team (orphaned worksharing loops; the last ends in a barrier).
-template <class K>
-void block_matmul_team(const BlockMatrix& m, int64_t n, const int16_t* xq, const float* xscale, const float* xsum,
-                       float* out) {
-  const int64_t nb = m.cols / QBLOCK, rows = m.rows, cols = m.cols;
-  // a tile: NR weight rows by NT activation rows, each widened block used NR * NT times. Two
-  // weight rows at a time for one or two activation rows (a row's end costs a mispredicted
-  // branch and a reduction: at 18 blocks a row, as much as a few blocks' work)
-  const auto run = [&](int64_t r, int64_t t0, auto tile_fn, auto nr_c, auto nt_c) __attribute__((always_inline)) {
-    constexpr int NR = decltype(nr_c)::value, NT = decltype(nt_c)::value;
-    float d[NR][NT];
-    if (t0 == 0 && r + PREFETCH_ROWS + NR <= rows) {
-      const char* ahead = reinterpret_cast<const char*>(m.q + (r + PREFETCH_ROWS) * nb * K::BYTES);
-      for (int64_t o = 0; o < NR * nb * K::BYTES; o += 64) __builtin_prefetch(ahead + o, 0, 3);
-    }
-    tile_fn(m.q + r * nb * K::BYTES, m.scale + r * nb, nb, xq + t0 * cols, xscale + t0 * nb, cols, d);
-    for (int i = 0; i < NR; ++i)
-      for (int t = 0; t < NT; ++t) {
-        float z = 0.f;
-        if (m.zero != nullptr) {
-          const float* zr = m.zero + (r + i) * nb;
-          const float* xs = xsum + (t0 + t) * nb;
-#pragma omp simd reduction(+ : z)
-          for (int64_t b = 0; b < nb; ++b) z += zr[b] * xs[b];
-        }
-        float y = d[i][t] + z;
-        if (m.bias != nullptr) y += m.bias[r + i];  // after the sum, as a separate bias add rounds
-        out[(t0 + t) * rows + r + i] = y;
-      }
-  };
-  using I1 = std::integral_constant<int, 1>;
-  using I2 = std::integral_constant<int, 2>;
-  using I3 = std::integral_constant<int, 3>;
-  using I4 = std::integral_constant<int, 4>;
-  const int64_t pairs = n == 1 || n == 2 ? rows / 2 : 0;
-#pragma omp for schedule(static) nowait
-  for (int64_t p = 0; p < pairs; ++p) {
-    if (n == 1) run(2 * p, 0, tile<K, 2, 1>, I2{}, I1{});
-    else run(2 * p, 0, tile<K, 2, 2>, I2{}, I2{});
-  }
-#pragma omp for schedule(static)
-  for (int64_t r = 2 * pairs; r < rows; ++r)
-    for (int64_t t0 = 0; t0 < n; t0 += 4) switch (std::min<int64_t>(4, n - t0)) {
-        case 1: run(r, t0, tile<K, 1, 1>, I1{}, I1{}); break;
-        case 2: run(r, t0, tile<K, 1, 2>, I1{}, I2{}); break;
-        case 3: run(r, t0, tile<K, 1, 3>, I1{}, I3{}); break;
-        default: run(r, t0, tile<K, 1, 4>, I1{}, I4{}); break;
-      }
-}
-
-inline void matmul_team(const BlockMatrix& m, int64_t n, const int16_t* xq, const float* xscale, const float* xsum,
+// Called by every thread of a team; ends in a barrier.
+inline void matmul_team(const BlockMatrix& m, int64_t n, const int8_t* xq, const float* xscale, const float* xsum,
                         float* out) {
-  if (m.bits == 4) block_matmul_team<Q4>(m, n, xq, xscale, xsum, out);
-  else block_matmul_team<Q8>(m, n, xq, xscale, xsum, out);
+  int64_t row0 = 0;
+  for (int64_t i = 0; i < m.n_segments; ++i) {
+    const BlockSegment& s = m.segment[i];
+    with_kind(s.kind, [&](auto k) { segment_team<decltype(k)>(m, s, row0, n, xq, xscale, xsum, out); });
+    row0 += s.rows;
+  }
+#pragma omp barrier
 }
 
-// Activation scratch of n rows of up to `cols` values: int16 values, then block scales and sums
+// Activation scratch of n rows of up to `cols` values: int8 values, then block scales and sums.
+// Rows n.. up to a multiple of four exist but hold anything: segment_team's tiles read them, and
+// their sums, kept apart from the real rows', are never written.
 struct QuantizedRows {
-  int16_t* xq;
+  int8_t* xq;
   float* xscale;
   float* xsum;
   QuantizedRows(int64_t n, int64_t cols) {
-    const int64_t nb = cols / QBLOCK;
-    xq = static_cast<int16_t*>(std::malloc(sizeof(int16_t) * n * cols + sizeof(float) * 2 * n * nb + 64));
-    xscale = reinterpret_cast<float*>(xq + n * cols + 32);
-    xsum = xscale + n * nb;
+    const int64_t nb = cols / QBLOCK, n4 = (n + 3) / 4 * 4;
+    xq = static_cast<int8_t*>(std::malloc(n4 * cols + sizeof(float) * 2 * n4 * nb + 64));
+    xscale = reinterpret_cast<float*>(xq + (n4 * cols + 63) / 64 * 64);
+    xsum = xscale + n4 * nb;
   }
   ~QuantizedRows() { std::free(xq); }
   QuantizedRows(const QuantizedRows&) = delete;
@@ -667,9 +918,27 @@ struct QuantizedRows {
 void block_linear(const BlockMatrix& m, const float* x, int64_t n, float* out) {
   if (n == 0) return;
   QuantizedRows a(n, m.cols);
-  quantize_blocks(x, n * (m.cols / QBLOCK), a.xq, a.xscale, a.xsum);
+  const int64_t nb = m.cols / QBLOCK;
 #pragma omp parallel
-  matmul_team(m, n, a.xq, a.xscale, a.xsum, out);
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) quantize_blocks(x + t * m.cols, nb, a.xq + t * m.cols, a.xscale + t * nb, a.xsum + t * nb);
+    matmul_team(m, n, a.xq, a.xscale, a.xsum, out);
+  }
+}
+
+// Rows `ids` of a block-quantized segment as float32 [n, cols] (an embedding lookup), exactly as
+// the gguf package dequantises them
+void dequantize_rows(const BlockSegment& s, int64_t cols, const int64_t* ids, int64_t n, float* out) {
+  with_kind(s.kind, [&](auto k) {
+    using K = decltype(k);
+    const int64_t per = QBLOCK * K::SUBS;
+#pragma omp parallel for if (n >= 16)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = s.row_map != nullptr ? s.row_map[ids[i]] : ids[i];
+      for (int64_t b = 0; b < cols / per; ++b) K::dequantize(s.data + r * s.row_bytes + b * K::BYTES, out + i * cols + b * per);
+    }
+  });
 }
 
 // ---- one decoder layer of a pure-decode step ------------------------------------------------------
@@ -799,6 +1068,10 @@ RS_BOTH(RS_DECODE_ATTENTION)
 
 RS_EXPORT void rs_block_linear(const BlockMatrix* m, const float* x, int64_t n, float* out) {
   block_linear(*m, x, n, out);
+}
+
+RS_EXPORT void rs_dequantize_rows(const BlockSegment* s, int64_t cols, const int64_t* ids, int64_t n, float* out) {
+  dequantize_rows(*s, cols, ids, n, out);
 }
 
 RS_EXPORT void rs_decoder_layer(const LayerWeights* w, const DecodeStep* s, int64_t layer, int64_t has_delta) {

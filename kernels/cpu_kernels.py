@@ -146,58 +146,27 @@ class DecodePlan:
                    max_tokens=max(end - start for _, start, end, _, _ in items))
 
 
-QBLOCK = 32   # weights per block of a block-quantized row
+MAX_SEGMENTS = 3   # row blocks of one BlockMatrix (q, k and v of one projection)
 
 
-@dataclass
-class BlockWeight:
-    """A weight [rows, cols] in the block-quantized form `block_linear` reads: per block of 32
-    along a row, w = q * scale + zero, q 4-bit (kind "q4": 16 bytes a block, byte j holding q[j]
-    low and q[j + 16] high) or int8 (kind "q8", zero None)."""
-    kind: str
-    q: torch.Tensor               # uint8 [rows, blocks * bytes]
-    scale: torch.Tensor           # float32 [rows, blocks]
-    zero: Optional[torch.Tensor]  # float32 [rows, blocks] or None
-    rows: int
-    cols: int
-
-    def matrix(self, bias: Optional[torch.Tensor] = None) -> "BlockMatrix":
-        """The kernels' view of this weight and a float32 `bias` (built once: a linear layer runs
-        ~120 times a decode step)."""
-        assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (self.rows,))
-        m = BlockMatrix(self.q.data_ptr(), self.scale.data_ptr(), _ptr(self.zero), _ptr(bias), self.rows, self.cols,
-                        4 if self.kind == "q4" else 8)
-        m.keep = (self, bias)
-        return m
-
-    @classmethod
-    def q4(cls, q, scale, zero) -> "BlockWeight":
-        """From q in 0..15 [rows, cols] (uint8) with w = q * scale + zero per block."""
-        rows, cols = q.shape
-        halves = torch.as_tensor(q).to(torch.uint8).reshape(rows, cols // QBLOCK, 2, QBLOCK // 2)
-        packed = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, cols // 2)
-        return cls("q4", packed.contiguous(), _f32(scale), _f32(zero), rows, cols)
-
-    @classmethod
-    def q8(cls, q, scale) -> "BlockWeight":
-        """From q int8 [rows, cols] with w = q * scale per block."""
-        q = torch.as_tensor(q)
-        return cls("q8", q.view(torch.uint8).contiguous(), _f32(scale), None, *q.shape)
-
-    @classmethod
-    def of(cls, parts: Sequence) -> "BlockWeight":
-        """The row blocks `parts` (Int4Weights or Int8Weights of runtime/models/loader.py, of
-        blocks of 32), stacked along the output dim."""
-        cat = lambda field: np.concatenate([getattr(p, field) for p in parts])  # noqa: E731
-        if hasattr(parts[0], "zero"):   # w = (q - 8) * scale + zero
-            assert all(p.group == QBLOCK for p in parts)
-            scale = cat("scale")
-            return cls.q4(torch.from_numpy(cat("q")), scale, cat("zero") - 8 * scale)
-        return cls.q8(torch.from_numpy(cat("q")), cat("scale"))
+def block_matrix(parts: Sequence, bias: Optional[torch.Tensor] = None) -> "BlockMatrix":
+    """The kernels' view of `parts` (runtime/models/quant.py's BlockTensors, of the same width)
+    stacked along the output dim, and a float32 `bias` over all their rows. Built once: a linear
+    layer runs ~120 times a decode step. Holds references to what it points into."""
+    cols = parts[0].cols
+    assert 1 <= len(parts) <= MAX_SEGMENTS and all(p.cols == cols for p in parts)
+    rows = sum(p.rows for p in parts)
+    assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (rows,))
+    m = BlockMatrix((BlockSegment * MAX_SEGMENTS)(*(block_segment(p) for p in parts)), len(parts), _ptr(bias),
+                    rows, cols)
+    m.keep = (parts, bias)
+    return m
 
 
-def _f32(a) -> torch.Tensor:
-    return torch.as_tensor(a).to(torch.float32).contiguous()
+def block_segment(t) -> "BlockSegment":
+    assert t.data.flags.c_contiguous and (t.row_map is None or t.row_map.dtype == np.int32)
+    row_map = None if t.row_map is None else t.row_map.ctypes.data
+    return BlockSegment(t.data.ctypes.data, row_map, t.data.shape[1], t.rows, t.kind_id)
 
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
@@ -208,9 +177,13 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
 _i64, _f32c, _vp = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
+class BlockSegment(ctypes.Structure):
+    _fields_ = [("data", _vp), ("row_map", _vp), ("row_bytes", _i64), ("rows", _i64), ("kind", _i64)]
+
+
 class BlockMatrix(ctypes.Structure):
-    _fields_ = [("q", _vp), ("scale", _vp), ("zero", _vp), ("bias", _vp), ("rows", _i64), ("cols", _i64),
-                ("bits", _i64)]
+    _fields_ = [("segment", BlockSegment * MAX_SEGMENTS), ("n_segments", _i64), ("bias", _vp), ("rows", _i64),
+                ("cols", _i64)]
 
 
 class PagedDecode(ctypes.Structure):
@@ -266,6 +239,9 @@ class CpuKernels:
                 self._fns[name, suffix] = fn
         self._block_linear = lib.rs_block_linear
         self._block_linear.argtypes, self._block_linear.restype = [ctypes.POINTER(BlockMatrix), ptr, i64, ptr], None
+        self._dequantize_rows = lib.rs_dequantize_rows
+        self._dequantize_rows.argtypes = [ctypes.POINTER(BlockSegment), i64, ptr, i64, ptr]
+        self._dequantize_rows.restype = None
         self._decoder_layer = lib.rs_decoder_layer
         self._decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(DecodeStep), i64, i64]
         self._decoder_layer.restype = None
@@ -322,6 +298,17 @@ class CpuKernels:
         assert x.dtype == torch.float32 and x.is_contiguous() and cols == m.cols
         out = torch.empty(n, m.rows)
         self._block_linear(ctypes.byref(m), x.data_ptr(), n, out.data_ptr())
+        return out
+
+    def dequantize_rows(self, t, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (int64) of a BlockTensor as float32 [len(ids), cols], exactly as the gguf
+        package dequantises them."""
+        assert ids.dtype == torch.int64 and ids.is_contiguous() and ids.dim() == 1
+        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < t.rows):
+            raise IndexError("row id out of range")
+        out = torch.empty(len(ids), t.cols)
+        segment = block_segment(t)
+        self._dequantize_rows(ctypes.byref(segment), t.cols, ids.data_ptr(), len(ids), out.data_ptr())
         return out
 
     def decoder_layer(self, weights: LayerWeights, step: DecodeStep, layer: int, has_delta: bool) -> None:

@@ -17,7 +17,8 @@ from typing import Optional, Sequence
 import torch
 
 from radixserve.runtime.cpu_tuning import cpu_flags, retain_freed_memory
-from radixserve.runtime.models.linear import CpuLinear, Linear, pack_int4
+from radixserve.runtime.models.linear import BlockEmbedding, BlockLinear, CpuLinear, Embedding, Linear
+from radixserve.runtime.models.quant import BlockTensor
 
 log = logging.getLogger("radixserve")
 
@@ -36,7 +37,9 @@ class Platform:
     def __init__(self, device: torch.device):
         self.device = device
 
-    def default_dtype(self) -> torch.dtype:
+    def default_dtype(self, block_quantized: bool = False) -> torch.dtype:
+        """The model's dtype when none is asked for; `block_quantized`: its matrices are a GGUF
+        file's quantized blocks."""
         return torch.bfloat16
 
     def default_attention_backend(self) -> str:
@@ -48,12 +51,19 @@ class Platform:
     def prepare_process(self) -> None:
         """Process-wide settings, before the engine thread starts."""
 
-    def linear(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-               quantized_parts: Optional[Sequence] = None) -> Linear:
-        """The fastest form of one linear layer here; `quantized_parts`: the exact block-quantized
-        forms of the weight's row blocks (runtime/models/loader.py, from GGUF files), where this
-        device has kernels for them."""
-        return Linear(weight, bias)
+    def linear(self, parts: Sequence, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Linear:
+        """The fastest form here of one linear layer whose weight is `parts` (dense tensors or
+        BlockTensors) stacked along the output dim."""
+        return Linear(self.dense(parts, dtype), None if bias is None else bias.to(self.device, dtype))
+
+    def embedding(self, weight, dtype: torch.dtype):
+        """The embedding lookup of `weight` (a dense tensor or a BlockTensor): ids -> float32 rows."""
+        return Embedding(self.dense([weight], dtype))
+
+    def dense(self, parts: Sequence, dtype: torch.dtype) -> torch.Tensor:
+        """`parts` stacked, dequantised where they are blocks, on this device in `dtype`."""
+        tensors = [torch.from_numpy(p.dequantize()) if isinstance(p, BlockTensor) else p for p in parts]
+        return (tensors[0] if len(tensors) == 1 else torch.cat(tensors)).to(self.device, dtype)
 
     def warm_up_kernels(self, vocab_size: int) -> None:
         """Compile what the first step would otherwise stall on."""
@@ -115,7 +125,10 @@ class CpuPlatform(Platform):
         self.onednn_bf16 = torch.backends.mkldnn.is_available() and (
             {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags)
 
-    def default_dtype(self) -> torch.dtype:
+    def default_dtype(self, block_quantized: bool = False) -> torch.dtype:
+        # block-quantized matrices run on the block kernels, whose activations are float32
+        if block_quantized and self.kernels() is not None:
+            return torch.float32
         return torch.bfloat16 if self.fast_bf16 else torch.float32
 
     def default_attention_backend(self) -> str:
@@ -140,25 +153,19 @@ class CpuPlatform(Platform):
     def prepare_process(self) -> None:
         retain_freed_memory()
 
-    def linear(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-               quantized_parts: Optional[Sequence] = None) -> Linear:
-        from radixserve.kernels.cpu_kernels import BlockWeight
-        from radixserve.runtime.models.loader import Int4Weight
-        bf16 = weight.dtype == torch.bfloat16
-        onednn = bf16 and self.onednn_bf16
-        parts = list(quantized_parts or [])
+    def linear(self, parts: Sequence, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Linear:
         kernels = self.kernels()
-        kinds = {type(p) for p in parts}
-        if weight.dtype not in (torch.bfloat16, torch.float32) or len(kinds) != 1 or None in parts:
-            return CpuLinear(weight, bias, onednn=onednn)
-        # a bf16 model's 4-bit weights: torch's int4 kernel takes its bf16 activations as they are
-        # (3.5 ms for all layers at one token on an AVX512-BF16 EPYC); float32 activations, and
-        # 8-bit weights, take the block kernels
-        if kinds == {Int4Weight} and (bf16 or kernels is None):
-            return CpuLinear(weight, bias, int4=pack_int4(parts), onednn=onednn)
-        if kernels is None:
-            return CpuLinear(weight, bias, onednn=onednn)
-        return CpuLinear(weight, bias, blocks=BlockWeight.of(parts), kernels=kernels, onednn=onednn)
+        if kernels is not None and all(isinstance(p, BlockTensor) for p in parts):
+            return BlockLinear(parts, bias, kernels)
+        weight = self.dense(parts, dtype)
+        return CpuLinear(weight, None if bias is None else bias.to(dtype),
+                         onednn=weight.dtype == torch.bfloat16 and self.onednn_bf16)
+
+    def embedding(self, weight, dtype: torch.dtype):
+        kernels = self.kernels()
+        if kernels is not None and isinstance(weight, BlockTensor):
+            return BlockEmbedding(weight, kernels)
+        return super().embedding(weight, dtype)
 
     def warm_up_kernels(self, vocab_size: int) -> None:
         # the token-bitmask kernel compiles on the engine thread, whose OpenMP team it then uses
@@ -187,7 +194,7 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+def pick_dtype(name: str, device: torch.device, block_quantized: bool = False) -> torch.dtype:
     if name == "auto":
-        return get_platform(device).default_dtype()
+        return get_platform(device).default_dtype(block_quantized)
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's own OpenAI-compatible server (llama-server) from the llama.cpp source that the
-# llama-cpp-python sdist on PyPI carries, into bench/peers/llama.cpp/. About 5 minutes on 2 cores.
+# Builds llama.cpp's own OpenAI-compatible server (llama-server) and its quantizer (llama-quantize,
+# which bench/make_gguf.py uses to make Q4_K_M / Q6_K / Q8_0 files of real shapes) from the llama.cpp
+# source that the llama-cpp-python sdist on PyPI carries, into bench/peers/llama.cpp/. About 5
+# minutes on 2 cores.
 # AMX is left out: the AMX code paths die with an illegal instruction on this machine's CPU.
 set -euo pipefail
 PIN="${LLAMA_CPP_PYTHON_PIN:-llama-cpp-python==0.3.36}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 DEST="$HERE/llama.cpp"
 PIP="${PIP:-python3 -m pip}"
-if [ -x "$DEST/bin/llama-server" ]; then echo "llama-server already built: $DEST/bin/llama-server"; exit 0; fi
+if [ -x "$DEST/bin/llama-server" ] && [ -x "$DEST/bin/llama-quantize" ]; then
+  echo "llama.cpp already built: $DEST/bin"; exit 0
+fi
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 $PIP download -q --no-deps --no-binary :all: "$PIN" -d "$WORK"
@@ -18,7 +22,7 @@ cmake -S "$SRC" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX" \
   -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF
-cmake --build "$WORK/build" --target llama-server -j "$(nproc)"
+cmake --build "$WORK/build" --target llama-server llama-quantize -j "$(nproc)"
 mkdir -p "$DEST/bin"
-cp "$WORK/build/bin/llama-server" "$DEST/bin/"
-echo "built $DEST/bin/llama-server"
+cp "$WORK/build/bin/llama-server" "$WORK/build/bin/llama-quantize" "$DEST/bin/"
+echo "built $DEST/bin/llama-server and llama-quantize"

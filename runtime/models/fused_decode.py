@@ -20,16 +20,15 @@ from radixserve.kernels.cpu_kernels import CpuKernels, DecodeStep, LayerWeights,
 
 class FusedDecodeLayers:
     def __init__(self, kernels: CpuKernels, weights: list[tuple[int, LayerWeights]], cos: torch.Tensor,
-                 sin: torch.Tensor, max_tokens: int):
+                 sin: torch.Tensor):
         self.kernels, self.weights = kernels, weights   # (KV cache layer, weights) of each layer
         self.cos, self.sin = cos, sin
-        self.max_tokens = max_tokens
 
     @classmethod
     def of(cls, kernels: CpuKernels, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor
            ) -> Optional["FusedDecodeLayers"]:
         """The fused form of `layers` (runtime/models/llama.py's DecoderLayers), or None where one
-        of them has a part the kernel does not do: another dtype, a dense or int4 linear layer, q/k norms."""
+        of them has a part the kernel does not do: another dtype, a dense linear layer, q/k norms."""
         linears = lambda la: (la.qkv, la.o, la.gate_up, la.down)  # noqa: E731
         if cos.dtype != torch.float32 or not all(
                 la.dtype == torch.float32 and la.q_norm is None
@@ -41,22 +40,19 @@ class FusedDecodeLayers:
                              la.post_attn_norm.data_ptr(), la.eps)
             w.keep = la
             weights.append((la.index, w))
-        # the same bound as the layers' own choice of their block form
-        max_tokens = min(lin.small_max for la in layers for lin in linears(la))
-        return cls(kernels, weights, cos.contiguous(), sin.contiguous(), max_tokens)
+        return cls(kernels, weights, cos.contiguous(), sin.contiguous())
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, out_slots: torch.Tensor,
                  paged: Optional[PagedDecode]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer over the residual stream x [T, hidden] (updated in place) -> (x, the last
         layer's MLP output), as the layers' own calls return them; None where this step is not
-        one the kernel runs (`paged` None, more rows than the block form takes)."""
-        t = x.shape[0]
-        if paged is None or t > self.max_tokens or paged.dtype != torch.float32:
+        one the kernel runs (`paged` None)."""
+        if paged is None or paged.dtype != torch.float32:
             return None
         assert x.dtype == torch.float32 and x.is_contiguous()
         assert positions.dtype == out_slots.dtype == torch.int64 and positions.is_contiguous() and out_slots.is_contiguous()
         delta = torch.empty_like(x)
-        step = DecodeStep(x.data_ptr(), delta.data_ptr(), t, self.cos.data_ptr(), self.sin.data_ptr(),
+        step = DecodeStep(x.data_ptr(), delta.data_ptr(), x.shape[0], self.cos.data_ptr(), self.sin.data_ptr(),
                           positions.data_ptr(), out_slots.data_ptr(), ctypes.pointer(paged))
         for i, (layer, w) in enumerate(self.weights):
             self.kernels.decoder_layer(w, step, layer, i > 0)

@@ -1,5 +1,5 @@
-"""Read a GGUF file: metadata -> ModelConfig and tokenizer, tensors dequantised to float32
-under Hugging Face names."""
+"""Read a GGUF file: metadata -> ModelConfig and tokenizer; tensors under Hugging Face names, the
+block-quantized ones as the file holds them (runtime/models/quant.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +10,8 @@ import torch
 
 from radixserve.runtime.models.gguf_file import GGUFTensor, read_gguf
 from radixserve.runtime.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
-from radixserve.runtime.models.loader import Int4Weight, Int8Weight, ModelFiles, ModelLoadError
+from radixserve.runtime.models.loader import ModelFiles, ModelLoadError
+from radixserve.runtime.models.quant import BlockTensor, is_block_kind
 from radixserve.runtime.tokenizer import Tokenizer
 
 _LAYER_NAMES = {
@@ -37,47 +38,10 @@ def unpermute_rope(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def int4_from_blocks(data: np.ndarray, kind: str, rows: int, cols: int) -> Int4Weight:
-    """Q4_0 / Q4_1 blocks of 32 -> (q, scale, zero) with w = (q - 8) * scale + zero, exactly."""
-    block = 18 if kind == "Q4_0" else 20
-    b = np.ascontiguousarray(data).reshape(rows, cols // 32, block)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    if kind == "Q4_0":           # w = d * (q - 8)
-        zero, qs = np.zeros_like(d), b[..., 2:]
-    else:                        # w = d * q + m = (q - 8) * d + (m + 8 d)
-        m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        zero, qs = m + 8 * d, b[..., 4:]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, cols)
-    return Int4Weight(q.astype(np.uint8), d, zero, 32)
-
-
-def int8_from_blocks(data: np.ndarray, rows: int, cols: int) -> Int8Weight:
-    """Q8_0 blocks of 32 -> (q, scale) with w = q * scale, exactly."""
-    b = np.ascontiguousarray(data).reshape(rows, cols // 32, 34)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    return Int8Weight(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(rows, cols), d)
-
-
-def quantized_form(t: GGUFTensor, rows: int, cols: int) -> Int4Weight | Int8Weight | None:
+def dense(t: GGUFTensor) -> np.ndarray:
+    """A tensor of a plain type (the norms; every tensor of an F16 / F32 / BF16 file) as float32,
+    or any block type dequantised by the gguf package's reference."""
     kind = t.tensor_type.name
-    if kind in ("Q4_0", "Q4_1"):
-        return int4_from_blocks(t.data, kind, rows, cols)
-    return int8_from_blocks(t.data, rows, cols) if kind == "Q8_0" else None
-
-
-def dequantize(t: GGUFTensor) -> np.ndarray:
-    """float32, rows x cols. The types the default model uses in numpy (whole-array ops); the rest
-    through the gguf package's per-block loops."""
-    kind = t.tensor_type.name
-    if kind in ("Q4_0", "Q4_1") and t.data.ndim == 2:
-        rows, cols = t.data.shape[0], t.shape[0]
-        q4 = int4_from_blocks(t.data, kind, rows, cols)
-        groups = q4.q.reshape(rows, cols // 32, 32).astype(np.float32) - 8.0
-        return (groups * q4.scale[..., None] + q4.zero[..., None]).reshape(rows, cols)
-    if kind == "Q8_0" and t.data.ndim == 2:
-        q8 = int8_from_blocks(t.data, t.data.shape[0], t.shape[0])
-        rows, cols = q8.q.shape
-        return (q8.q.reshape(rows, cols // 32, 32).astype(np.float32) * q8.scale[..., None]).reshape(rows, cols)
     if kind in ("F32", "F16"):
         return t.data.astype(np.float32)
     from gguf.quants import dequantize as gguf_dequantize
@@ -110,6 +74,8 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
 
 
 def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
+    """The file's block-quantized matrices stay in its memory map (BlockTensors); plain tensors are
+    read as float32 (norms, or a whole F16 file)."""
     try:
         fields, tensors = read_gguf(path)
     except Exception as e:
@@ -117,33 +83,29 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
     vocab = len(fields.get("tokenizer.ggml.tokens", [])) or tensors["token_embd.weight"].shape[-1]
     config = config_from_fields(fields, "output.weight" in tensors, vocab)
     if "rope_freqs.weight" in tensors:  # llama3-style scaling stored as per-frequency divisors
-        factors = dequantize(tensors["rope_freqs.weight"])
+        factors = dense(tensors["rope_freqs.weight"])
         config.rope_scaling = {"rope_type": "factors", "factors": np.asarray(factors).reshape(-1).tolist()}
-    weights: dict[str, torch.Tensor] = {}
-    quantized: dict[str, Int4Weight | Int8Weight] = {}
+    weights: dict[str, torch.Tensor | BlockTensor] = {}
     try:
         for gname, t in (tensors.items() if with_weights else ()):
             hname = hf_name(gname)
             if hname is None:
                 continue
-            w = dequantize(t)
-            w = w.reshape([int(d) for d in reversed(t.shape)])
-            q = quantized_form(t, *w.shape) if w.ndim == 2 else None
             heads = None
             if config.model_type in ("llama", "mistral"):
                 if gname.endswith("attn_q.weight") or gname.endswith("attn_q.bias"):
                     heads = config.num_heads
                 elif gname.endswith("attn_k.weight") or gname.endswith("attn_k.bias"):
                     heads = config.num_kv_heads
+            shape = [int(d) for d in reversed(t.shape)]
+            if is_block_kind(t.tensor_type.name) and len(shape) == 2:
+                w = BlockTensor(t.tensor_type.name, t.data, shape[1])
+                weights[hname] = w.reordered(unpermute_rope(np.arange(w.rows), heads)) if heads else w
+                continue
+            a = dense(t).reshape(shape)
             if heads:
-                w = unpermute_rope(w, heads)
-                if isinstance(q, Int4Weight):
-                    q = Int4Weight(*(unpermute_rope(a, heads) for a in (q.q, q.scale, q.zero)), q.group)
-                elif isinstance(q, Int8Weight):
-                    q = Int8Weight(*(unpermute_rope(a, heads) for a in (q.q, q.scale)))
-            weights[hname] = torch.from_numpy(w if w.flags.writeable else w.copy())
-            if q is not None:
-                quantized[hname] = q
+                a = unpermute_rope(a, heads)
+            weights[hname] = torch.from_numpy(a if a.flags.writeable else a.copy())
     except (ValueError, NotImplementedError) as e:
-        raise ModelLoadError(f"cannot dequantise {path.name}: {e}") from None
-    return ModelFiles(name, config, weights, Tokenizer.from_gguf_fields(fields), quantized)
+        raise ModelLoadError(f"cannot read the weights of {path.name}: {e}") from None
+    return ModelFiles(name, config, weights, Tokenizer.from_gguf_fields(fields))

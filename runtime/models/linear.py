@@ -1,17 +1,17 @@
-"""The forms of one linear layer, y = x W^T + b: plain torch on every device, and on the CPU a form
-that picks per call the fastest weights for the batch size (the platform builds them,
-runtime/platform.py). Quantized forms read the GGUF file's own blocks (runtime/models/loader.py)."""
+"""The forms of one linear layer, y = x W^T + b, and of the embedding lookup: plain torch on every
+device, and on the CPU the block kernels over a GGUF file's own quantized blocks (the platform
+picks, runtime/platform.py)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 
 class Linear:
     """y = x W^T + b in plain torch: every device."""
+    quantized = False
 
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
         self.weight, self.bias = weight, bias
@@ -20,61 +20,55 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
 
-# At up to this many tokens a step is bound by reading weights, and the 4-bit form reads 4x fewer
-# bytes (measured on an AVX512-BF16 EPYC: 3.5 ms vs 16.6 ms for all SmolLM2 layers at one token);
-# above it, bf16 wins.
-QUANTIZED_MAX_TOKENS = 8
-# A float32 model's block kernels beat float32 F.linear further: all SmolLM2 layers and the LM head
-# at 8 / 32 / 48 tokens took 28 / 93 / 147 ms vs 84 / 144 / 164 ms on an AVX2-only EPYC
-BLOCKS_FLOAT32_MAX_TOKENS = 48
-
-
 class CpuLinear(Linear):
-    """Chooses per call the weight form that is fastest for the batch size: small batches run on
-    a quantized form where there is one, either torch's int4 kernel (bf16 activations) or the
-    block kernels of kernels/cpu_kernels.cpp (float32 ones)."""
+    """A dense weight on the CPU: oneDNN's blocked bf16 layout where the CPU takes it."""
 
-    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, int4=None, blocks=None,
-                 kernels=None, onednn: bool = False):
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, onednn: bool = False):
         super().__init__(weight, bias)
-        self.int4 = int4  # (packed weight, group size, scales and zeros) or None
-        self.blocks, self.kernels = blocks, kernels  # a cpu_kernels.BlockWeight or None
-        self.matrix = None if blocks is None else blocks.matrix(None if bias is None else bias.float().contiguous())
-        # oneDNN's blocked bf16 weight layout, packed once, is ~1.4x faster than F.linear at 16-256
-        # tokens (measured on this model's shapes) and gives identical results
+        # packed once, ~1.4x faster than F.linear at 16-256 tokens on SmolLM2's shapes, same results
         self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight, None) if onednn else None
-        # picked once: a decode step makes ~120 of these calls
-        self.small = self._blocks if blocks is not None else self._int4 if int4 is not None else None
-        self.small_max = (BLOCKS_FLOAT32_MAX_TOKENS if blocks is not None and weight.dtype == torch.float32
-                          else QUANTIZED_MAX_TOKENS)
-
-    @property
-    def quantized(self) -> bool:
-        return self.small is not None
-
-    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
-        # the bias is added in the kernel, in float32
-        if x.dtype != torch.float32 or not x.is_contiguous():
-            return self.kernels.block_linear(x.float().contiguous(), self.matrix).to(x.dtype)
-        return self.kernels.block_linear(x, self.matrix)
-
-    def _int4(self, x: torch.Tensor) -> torch.Tensor:
-        packed, group, scales_zeros = self.int4
-        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group, scales_zeros).to(x.dtype)
-        return y if self.bias is None else y + self.bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small is not None and x.shape[0] <= self.small_max:
-            return self.small(x)
         if self.onednn is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.onednn, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
-def pack_int4(parts: Sequence) -> tuple:
-    """Concatenate Int4Weights along the output dim and pack them for the CPU int4 matmul."""
-    q = torch.from_numpy(np.concatenate([p.q for p in parts])).to(torch.int32)
-    scale = torch.from_numpy(np.concatenate([p.scale for p in parts]))
-    zero = torch.from_numpy(np.concatenate([p.zero for p in parts]))
-    scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)
-    return torch._convert_weight_to_int4pack_for_cpu(q, 1), parts[0].group, scales_zeros
+class BlockLinear(Linear):
+    """Block-quantized weights (runtime/models/quant.py's BlockTensors, stacked along the output
+    dim) through the block kernels at every batch size: a decode step reads 0.56-1.06 bytes a
+    weight instead of float32's 4, and no float copy of the weights exists. Activations are
+    float32 (the kernels round them to int8 per block of 32)."""
+    quantized = True
+
+    def __init__(self, parts: Sequence, bias: Optional[torch.Tensor], kernels):
+        from radixserve.kernels.cpu_kernels import block_matrix
+        super().__init__(None, None if bias is None else bias.float().contiguous())
+        self.parts, self.kernels = list(parts), kernels
+        self.matrix = block_matrix(self.parts, self.bias)   # the fused decode layers read it too
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            return self.kernels.block_linear(x.float().contiguous(), self.matrix).to(x.dtype)
+        return self.kernels.block_linear(x, self.matrix)
+
+
+class Embedding:
+    """Rows of a dense embedding, as float32."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight).float()
+
+
+class BlockEmbedding:
+    """Rows of a block-quantized embedding, dequantised as they are looked up (a step reads a few
+    rows of a table that may be hundreds of MB)."""
+
+    def __init__(self, table, kernels):
+        self.table, self.kernels = table, kernels
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.kernels.dequantize_rows(self.table, ids.to(torch.int64).contiguous())

