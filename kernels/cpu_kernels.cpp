@@ -465,6 +465,21 @@ void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int6
 // the zero term takes the block's float sum of x as it is. A super-block's header is decoded
 // once for all the activation rows a tile holds.
 constexpr int64_t QBLOCK = 32;
+constexpr int64_t QK = 256;   // a K-quant super-block
+
+// Activation rows [n, cols] as the block kernels read them (QuantizedRows holds them): int8 per
+// block of 32 with its float scale (x = xq * xscale) and float sum, for the legacy types; and,
+// where cols is a multiple of 256, int8 per super-block of 256 with one scale, for the K-quants,
+// whose eight sub-block dots then add up in int32 before one float multiply-add (llama.cpp's
+// Q8_K). The block sums serve both.
+struct Acts {
+  const int8_t* xq;
+  const float* xscale;
+  const float* xsum;
+  const int8_t* xq256;
+  const float* xscale256;
+  int64_t cols;
+};
 
 inline float half_to_float(const uint8_t* p) {
   uint16_t h;
@@ -496,7 +511,8 @@ inline float half_to_float(const uint8_t* p) {
 template <int SUBS>
 struct Header {
   float scale[SUBS], zero[SUBS];
-  int16_t isc[SUBS][2];
+  float d;            // the K-quants' super-block factor of their integer sub-scales
+  int32_t isc[SUBS];  // Q4_K / Q5_K: sub-block j's 6-bit scale (Q6_K's q carries its own)
 };
 
 // the 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (12 packed bytes)
@@ -561,11 +577,13 @@ struct Q4_K {
   static constexpr bool ZERO = true;
   static void header(const uint8_t* p, Header<8>& h) {
     const float d = half_to_float(p), dmin = half_to_float(p + 2);
+    h.d = d;
     for (int j = 0; j < 8; ++j) {
       int sc, m;
       scale_min_k4(j, p + 4, sc, m);
       h.scale[j] = d * float(sc);
       h.zero[j] = -(dmin * float(m));
+      h.isc[j] = sc;
     }
   }
   static int32_t q(const uint8_t* p, int j, int l) {
@@ -605,12 +623,11 @@ struct Q6_K {
   static constexpr bool ZERO = false;
   static void header(const uint8_t* p, Header<8>& h) {
     const float d = half_to_float(p + 208);
+    h.d = d;
     for (int j = 0; j < 8; ++j) {
       h.scale[j] = d;
       h.zero[j] = 0.f;
-      const int s = 8 * (j / 4) + 2 * (j % 4);
-      h.isc[j][0] = int8_t(p[192 + s]);
-      h.isc[j][1] = int8_t(p[192 + s + 1]);
+      h.isc[j] = 1;
     }
   }
   static int32_t u(const uint8_t* p, int j, int l) {
@@ -645,6 +662,11 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
 }
+inline float half_f16c(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
 inline __m256i nibbles32(const uint8_t* p) {  // 16 bytes -> their 16 low nibbles, then their 16 high ones
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0F));
@@ -653,6 +675,59 @@ inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_
 inline __m256i k_nibbles(const uint8_t* p, int j) {  // sub-block j's nibbles of a K-quant's 128 bytes
   const __m256i v = load32(p + 32 * (j / 2));
   return _mm256_and_si256(j % 2 == 0 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
+}
+
+// A super-block's header in registers: the float factor of its integer dots, the K-quants'
+// integer sub-scales as int16 (broadcast per 128-bit lane; sub_scale() picks sub-block j's) and
+// their zeros per sub-block, or a legacy block's zero
+struct VHeader {
+  float d, zero;
+  __m256i scales[2];
+  __m256 zero8;
+};
+// shuffle_epi8 controls: int16 lane i of a 128-bit lane to all of its eight
+alignas(32) constexpr uint8_t kBroadcastLane[8][16] = {
+    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},         {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+    {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5},         {6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+    {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9},         {10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+    {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13}, {14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15}};
+inline __m256i lanes(int lo, int hi) {  // int16 lane lo to the low 128 bits, lane hi to the high
+  return _mm256_set_m128i(_mm_load_si128(reinterpret_cast<const __m128i*>(kBroadcastLane[hi])),
+                          _mm_load_si128(reinterpret_cast<const __m128i*>(kBroadcastLane[lo])));
+}
+
+// Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins unpacked with 32-bit operations (scales in
+// bytes 0-7, mins in 8-15), as scale_min_k4 reads them one at a time
+inline void k4_header(const uint8_t* p, VHeader& h) {
+  uint32_t u[4];
+  std::memcpy(u, p + 4, 12);
+  u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+  const uint32_t mins_lo = u[1] & 0x3f3f3f3fu;
+  u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+  u[2] = mins_lo;
+  u[0] &= 0x3f3f3f3fu;
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+  h.scales[0] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
+  h.d = half_f16c(p);
+  h.zero8 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))), _mm256_set1_ps(-half_f16c(p + 2)));
+}
+
+inline void vheader(const Q4_0&, const uint8_t* p, VHeader& h) {
+  h.d = half_f16c(p);
+  h.zero = -8.0f * h.d;
+}
+inline void vheader(const Q4_1&, const uint8_t* p, VHeader& h) {
+  h.d = half_f16c(p);
+  h.zero = half_f16c(p + 2);
+}
+inline void vheader(const Q8_0&, const uint8_t* p, VHeader& h) { h.d = half_f16c(p); }
+inline void vheader(const Q4_K&, const uint8_t* p, VHeader& h) { k4_header(p, h); }
+inline void vheader(const Q5_K&, const uint8_t* p, VHeader& h) { k4_header(p, h); }
+inline void vheader(const Q6_K&, const uint8_t* p, VHeader& h) {
+  const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+  h.scales[0] = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc));
+  h.scales[1] = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc, 8)));
+  h.d = half_f16c(p + 208);
 }
 
 inline __m256i weights(const Q4_0&, const uint8_t* p, int) { return nibbles32(p + 2); }
@@ -673,33 +748,41 @@ inline __m256i weights(const Q6_K&, const uint8_t* p, int j) {
   return _mm256_or_si256(nib, _mm256_slli_epi16(pairs, 4));
 }
 
-template <int S>
-inline __m256i dot(const Q4_0&, __m256i w, __m256i x, const Header<S>&, int) { return dot_u8s8(w, x); }
-template <int S>
-inline __m256i dot(const Q4_1&, __m256i w, __m256i x, const Header<S>&, int) { return dot_u8s8(w, x); }
-template <int S>
-inline __m256i dot(const Q4_K&, __m256i w, __m256i x, const Header<S>&, int) { return dot_u8s8(w, x); }
-template <int S>
-inline __m256i dot(const Q5_K&, __m256i w, __m256i x, const Header<S>&, int) { return dot_u8s8(w, x); }
-template <int S>
-inline __m256i dot(const Q8_0&, __m256i w, __m256i x, const Header<S>&, int) {
+// sub-block j's integer dot with its sub-scales applied, in eight int32 lanes
+inline __m256i dot(const Q4_0&, __m256i w, __m256i x, const VHeader&, __m256i) { return dot_u8s8(w, x); }
+inline __m256i dot(const Q4_1&, __m256i w, __m256i x, const VHeader&, __m256i) { return dot_u8s8(w, x); }
+inline __m256i dot(const Q8_0&, __m256i w, __m256i x, const VHeader&, __m256i) {
   // signed weights: |w| times x carrying w's sign
   return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
-template <int S>
-inline __m256i dot(const Q6_K&, __m256i w, __m256i x, const Header<S>& h, int j) {
+// the K-quants': x32 = 32 . x per pair (Q6_K's offset, the same for every weight row)
+inline __m256i kdot(const Q4_K&, __m256i w, __m256i x, __m256i, __m256i sc) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc);
+}
+inline __m256i kdot(const Q5_K&, __m256i w, __m256i x, __m256i, __m256i sc) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc);
+}
+inline __m256i kdot(const Q6_K&, __m256i w, __m256i x, __m256i x32, __m256i sc) {
   // (u - 32) . x per pair of weights, then each 16's pairs times its sub-scale
-  const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(w, x), _mm256_maddubs_epi16(_mm256_set1_epi8(32), x));
-  const __m256i sc = _mm256_set_m128i(_mm_set1_epi16(h.isc[j][1]), _mm_set1_epi16(h.isc[j][0]));
-  return _mm256_madd_epi16(p, sc);
+  return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(w, x), x32), sc);
 }
 
-// out[r][t] = sum over the row's sub-blocks of scale * xscale * dot + zero * xsum, for NR weight
-// rows (w[r]: the first super-block of each) and NT activation rows
+// sub-block j's int16 sub-scales, for dot
+template <class K>
+inline __m256i sub_scale(const VHeader& h, int j) {
+  if (std::is_same<K, Q6_K>::value)  // scales 2j (its first 16 weights) and 2j + 1
+    return _mm256_shuffle_epi8(h.scales[j / 4], lanes(2 * j % 8, (2 * j + 1) % 8));
+  if (K::SUBS == 8) return _mm256_shuffle_epi8(h.scales[0], lanes(j, j));
+  return _mm256_setzero_si256();
+}
+
+// out[r][t] = the dot of weight row r (w[r]: its first super-block) with activation row t0 + t,
+// for NR weight rows and NT activation rows. A K-quant super-block's eight sub-block dots
+// (sub-scales applied) add up in int32, then take d * the super-block's activation scale once;
+// its zeros (-dmin * m per sub-block) meet the eight block sums of x in one vector multiply-add.
 template <class K, int NR, int NT>
-inline void tile(const uint8_t* const* w, int64_t nsb, const int8_t* xq, const float* xscale, const float* xsum,
-                 int64_t cols, float out[NR][NT]) {
-  const int64_t nb = cols / QBLOCK;
+inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0, float out[NR][NT]) {
+  const int64_t cols = a.cols, nb = cols / QBLOCK;
   __m256 acc[NR][NT];
   float zsum[NR][NT];
   for (int r = 0; r < NR; ++r)
@@ -708,21 +791,46 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const int8_t* xq, const f
       zsum[r][t] = 0.f;
     }
   for (int64_t s = 0; s < nsb; ++s) {
-    Header<K::SUBS> h[NR];
-    for (int r = 0; r < NR; ++r) K::header(w[r] + s * K::BYTES, h[r]);
-    for (int j = 0; j < K::SUBS; ++j) {
-      const int64_t b = s * K::SUBS + j;
+    VHeader h[NR];
+    for (int r = 0; r < NR; ++r) vheader(K{}, w[r] + s * K::BYTES, h[r]);
+    if constexpr (K::SUBS == 1) {
       __m256i wv[NR];
-      for (int r = 0; r < NR; ++r) wv[r] = weights(K{}, w[r] + s * K::BYTES, j);
+      for (int r = 0; r < NR; ++r) wv[r] = weights(K{}, w[r] + s * K::BYTES, 0);
       for (int t = 0; t < NT; ++t) {
-        const __m256i x = load32(reinterpret_cast<const uint8_t*>(xq + t * cols + b * QBLOCK));
-        const float xs = xscale[t * nb + b];
+        const int64_t row = (t0 + t) * nb + s;
+        const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq + row * QBLOCK));
+        const float xs = a.xscale[row];
         for (int r = 0; r < NR; ++r) {
-          const __m256i d = dot(K{}, wv[r], x, h[r], j);
-          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(h[r].scale[j] * xs), acc[r][t]);
-          if (K::ZERO) zsum[r][t] += h[r].zero[j] * xsum[t * nb + b];
+          const __m256i d = dot(K{}, wv[r], x, h[r], _mm256_setzero_si256());
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(h[r].d * xs), acc[r][t]);
+          if (K::ZERO) zsum[r][t] += h[r].zero * a.xsum[row];
         }
       }
+    } else {
+    __m256i isum[NR][NT];
+    for (int j = 0; j < K::SUBS; ++j) {
+      __m256i wv[NR], sc[NR];
+      for (int r = 0; r < NR; ++r) {
+        wv[r] = weights(K{}, w[r] + s * K::BYTES, j);
+        sc[r] = sub_scale<K>(h[r], j);
+      }
+      for (int t = 0; t < NT; ++t) {
+        const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq256 + (t0 + t) * cols + (s * K::SUBS + j) * QBLOCK));
+        const __m256i x32 = std::is_same<K, Q6_K>::value ? _mm256_maddubs_epi16(_mm256_set1_epi8(32), x) : x;
+        for (int r = 0; r < NR; ++r) {
+          const __m256i d = kdot(K{}, wv[r], x, x32, sc[r]);
+          isum[r][t] = j == 0 ? d : _mm256_add_epi32(d, isum[r][t]);
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const float xs = a.xscale256[(t0 + t) * nsb + s];
+      const __m256 sums = _mm256_loadu_ps(a.xsum + (t0 + t) * nb + s * K::SUBS);
+      for (int r = 0; r < NR; ++r) {
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(h[r].d * xs), acc[r][t]);
+        if (K::ZERO) acc[r][t] = _mm256_fmadd_ps(h[r].zero8, sums, acc[r][t]);
+      }
+    }
     }
   }
   for (int r = 0; r < NR; ++r)
@@ -730,67 +838,70 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const int8_t* xq, const f
 }
 #else
 template <class K, int NR, int NT>
-inline void tile(const uint8_t* const* w, int64_t nsb, const int8_t* xq, const float* xscale, const float* xsum,
-                 int64_t cols, float out[NR][NT]) {
-  const int64_t nb = cols / QBLOCK;
+inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0, float out[NR][NT]) {
+  const int64_t cols = a.cols, nb = cols / QBLOCK;
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) {
       float acc = 0.f;
+      const int64_t row = t0 + t;
       for (int64_t s = 0; s < nsb; ++s) {
         const uint8_t* p = w[r] + s * K::BYTES;
         Header<K::SUBS> h;
         K::header(p, h);
+        int32_t ksum = 0;
         for (int j = 0; j < K::SUBS; ++j) {
           const int64_t b = s * K::SUBS + j;
+          const int8_t* x = (K::SUBS == 1 ? a.xq : a.xq256) + row * cols + b * QBLOCK;
           int32_t d = 0;
-          for (int l = 0; l < QBLOCK; ++l) d += K::q(p, j, l) * xq[t * cols + b * QBLOCK + l];
-          acc += float(d) * (h.scale[j] * xscale[t * nb + b]);
-          if (K::ZERO) acc += h.zero[j] * xsum[t * nb + b];
+          for (int l = 0; l < QBLOCK; ++l) d += K::q(p, j, l) * x[l];
+          if (K::SUBS == 1) acc += float(d) * (h.scale[0] * a.xscale[row * nb + b]);
+          else ksum += h.isc[j] * d;
+          if (K::ZERO) acc += h.zero[j] * a.xsum[row * nb + b];
         }
+        if (K::SUBS > 1) acc += float(ksum) * (h.d * a.xscale256[row * nsb + s]);
       }
       out[r][t] = acc;
     }
 }
 #endif
 
-// Activations [blocks of 32] rounded to int8 per block: x = xq * xscale; xsum: each block's sum
-inline void quantize_blocks(const float* x, int64_t blocks, int8_t* xq, float* xscale, float* xsum) {
-  for (int64_t tb = 0; tb < blocks; ++tb) {
-    const float* xb = x + tb * QBLOCK;
-    int8_t* qb = xq + tb * QBLOCK;
+// A block of 32 activations: its largest magnitude, and its sum
+inline float block_top(const float* xb, float* sum) {
 #if defined(__AVX2__) && defined(__FMA__)
-    __m256 v[4], top8 = _mm256_setzero_ps(), sum8 = _mm256_setzero_ps();
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(xb + 8 * i);
-      top8 = _mm256_max_ps(top8, _mm256_andnot_ps(sign, v[i]));
-      sum8 = _mm256_add_ps(sum8, v[i]);
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float top = std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_movehdup_ps(m4)));
-    const float sum = hsum(sum8);
-    const __m256 inv = _mm256_set1_ps(top > 0.f ? 127.0f / top : 0.f);
-    // round to nearest even (the default mode), as nearbyint does; the packs' lanes put back in order
-    const __m256i a = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)),
-                                         _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv)));
-    const __m256i b = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)),
-                                         _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv)));
-    const __m256i packed = _mm256_packs_epi16(a, b);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
-                        _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-#else
-    float top = 0.f, sum = 0.f;
-    for (int j = 0; j < QBLOCK; ++j) {
-      top = std::max(top, std::fabs(xb[j]));
-      sum += xb[j];
-    }
-    const float inv = top > 0.f ? 127.0f / top : 0.f;
-    for (int j = 0; j < QBLOCK; ++j) qb[j] = int8_t(std::nearbyint(xb[j] * inv));
-#endif
-    xscale[tb] = top / 127.0f;
-    xsum[tb] = sum;
+  __m256 top8 = _mm256_setzero_ps(), sum8 = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int i = 0; i < 4; ++i) {
+    const __m256 v = _mm256_loadu_ps(xb + 8 * i);
+    top8 = _mm256_max_ps(top8, _mm256_andnot_ps(sign, v));
+    sum8 = _mm256_add_ps(sum8, v);
   }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  *sum = hsum(sum8);
+  return std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_movehdup_ps(m4)));
+#else
+  float top = 0.f, total = 0.f;
+  for (int j = 0; j < QBLOCK; ++j) {
+    top = std::max(top, std::fabs(xb[j]));
+    total += xb[j];
+  }
+  *sum = total;
+  return top;
+#endif
+}
+
+// qb = x * inv rounded to nearest even (the default mode, as nearbyint rounds), |x * inv| <= 127
+inline void round_block(const float* xb, float inv, int8_t* qb) {
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 iv = _mm256_set1_ps(inv);
+  const auto q = [&](int i) { return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * i), iv)); };
+  // the packs' lanes put back in order
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q(0), q(1)), _mm256_packs_epi32(q(2), q(3)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
+                      _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
+  for (int j = 0; j < QBLOCK; ++j) qb[j] = int8_t(std::nearbyint(xb[j] * inv));
+#endif
 }
 
 // Block types, as runtime/models/quant.py numbers them
@@ -830,10 +941,9 @@ constexpr int64_t PREFETCH_ROWS = 8;
 constexpr int64_t CHUNK_BYTES = 128 << 10;
 
 template <class K, int NR, int NT>
-inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, int64_t row0, int64_t out_rows, int64_t cols,
-                     const int8_t* xq, const float* xscale, const float* xsum, const float* bias, float* out,
-                     bool prefetch) {
-  const int64_t nsb = cols / (QBLOCK * K::SUBS), nb = cols / QBLOCK;
+inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, int64_t row0, int64_t out_rows,
+                     const Acts& a, const float* bias, float* out, bool prefetch) {
+  const int64_t nsb = a.cols / (QBLOCK * K::SUBS);
   const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
   const uint8_t* w[NR];
   for (int i = 0; i < NR; ++i) w[i] = row(r + i);
@@ -843,7 +953,7 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
       for (int64_t o = 0; o < s.row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
     }
   float d[NR][NT];
-  tile<K, NR, NT>(w, nsb, xq + t0 * cols, xscale + t0 * nb, xsum + t0 * nb, cols, d);
+  tile<K, NR, NT>(w, nsb, a, t0, d);
   for (int i = 0; i < NR; ++i)
     for (int t = 0; t < NT && t0 + t < n; ++t) {
       float y = d[i][t];
@@ -856,17 +966,16 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
 // loops, nowait: the caller ends the matrix with a barrier). The activations are padded to a
 // multiple of four rows (QuantizedRows), so that a tile's four always exist; only n are written.
 template <class K>
-void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int64_t n, const int8_t* xq,
-                  const float* xscale, const float* xsum, float* out) {
+void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int64_t n, const Acts& a, float* out) {
   const int64_t cols = m.cols;
   if (n == 1) {
     // one token: every weight row read once, four at a time (four independent sums)
 #pragma omp for schedule(static) nowait
-    for (int64_t p = 0; p < s.rows / 4; ++p)
-      run_tile<K, 4, 1>(s, 4 * p, 0, 1, row0, m.rows, cols, xq, xscale, xsum, m.bias, out, true);
+    for (int64_t p = 0; p < s.rows / 2; ++p)
+      run_tile<K, 2, 1>(s, 2 * p, 0, 1, row0, m.rows, a, m.bias, out, false);
 #pragma omp for schedule(static) nowait
-    for (int64_t r = s.rows / 4 * 4; r < s.rows; ++r)
-      run_tile<K, 1, 1>(s, r, 0, 1, row0, m.rows, cols, xq, xscale, xsum, m.bias, out, false);
+    for (int64_t r = s.rows / 2 * 2; r < s.rows; ++r)
+      run_tile<K, 1, 1>(s, r, 0, 1, row0, m.rows, a, m.bias, out, false);
     return;
   }
   // chunks of activation rows that stay in L2, each against every weight row; tiles of two weight
@@ -877,53 +986,78 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
 #pragma omp for schedule(static) nowait
     for (int64_t p = 0; p < (s.rows + 1) / 2; ++p)
       for (int64_t t0 = c0; t0 < c1; t0 += 4) {
-        if (2 * p + 1 < s.rows) run_tile<K, 2, 4>(s, 2 * p, t0, n, row0, m.rows, cols, xq, xscale, xsum, m.bias, out, n < 8);
-        else run_tile<K, 1, 4>(s, 2 * p, t0, n, row0, m.rows, cols, xq, xscale, xsum, m.bias, out, false);
+        if (2 * p + 1 < s.rows) run_tile<K, 2, 4>(s, 2 * p, t0, n, row0, m.rows, a, m.bias, out, n < 8);
+        else run_tile<K, 1, 4>(s, 2 * p, t0, n, row0, m.rows, a, m.bias, out, false);
       }
   }
 }
 
-// out [n, rows] = x [n, cols] times the weight^T (+ bias), from x as quantize_blocks leaves it.
+// out [n, rows] = x [n, cols] times the weight^T (+ bias), from x as QuantizedRows leaves it.
 // Called by every thread of a team; ends in a barrier.
-inline void matmul_team(const BlockMatrix& m, int64_t n, const int8_t* xq, const float* xscale, const float* xsum,
-                        float* out) {
+inline void matmul_team(const BlockMatrix& m, int64_t n, const Acts& a, float* out) {
   int64_t row0 = 0;
   for (int64_t i = 0; i < m.n_segments; ++i) {
     const BlockSegment& s = m.segment[i];
-    with_kind(s.kind, [&](auto k) { segment_team<decltype(k)>(m, s, row0, n, xq, xscale, xsum, out); });
+    with_kind(s.kind, [&](auto k) { segment_team<decltype(k)>(m, s, row0, n, a, out); });
     row0 += s.rows;
   }
 #pragma omp barrier
 }
 
-// Activation scratch of n rows of up to `cols` values: int8 values, then block scales and sums.
-// Rows n.. up to a multiple of four exist but hold anything: segment_team's tiles read them, and
-// their sums, kept apart from the real rows', are never written.
+// Activation scratch of n rows of up to `cols` values in both of Acts' forms. Rows n.. up to a
+// multiple of four exist but hold anything: segment_team's tiles read them, and their sums, kept
+// apart from the real rows', are never written.
 struct QuantizedRows {
   int8_t* xq;
+  int8_t* xq256;
   float* xscale;
   float* xsum;
+  float* xscale256;
   QuantizedRows(int64_t n, int64_t cols) {
-    const int64_t nb = cols / QBLOCK, n4 = (n + 3) / 4 * 4;
-    xq = static_cast<int8_t*>(std::malloc(n4 * cols + sizeof(float) * 2 * n4 * nb + 64));
-    xscale = reinterpret_cast<float*>(xq + (n4 * cols + 63) / 64 * 64);
+    const int64_t nb = cols / QBLOCK, n4 = (n + 3) / 4 * 4, bytes = (n4 * cols + 63) / 64 * 64;
+    xq = static_cast<int8_t*>(std::malloc(2 * bytes + sizeof(float) * (2 * n4 * nb + n4 * (nb / 8 + 1))));
+    xq256 = xq + bytes;
+    xscale = reinterpret_cast<float*>(xq256 + bytes);
     xsum = xscale + n4 * nb;
+    xscale256 = xsum + n4 * nb;
   }
   ~QuantizedRows() { std::free(xq); }
   QuantizedRows(const QuantizedRows&) = delete;
   QuantizedRows& operator=(const QuantizedRows&) = delete;
+
+  // the layout of rows `cols` wide
+  Acts view(int64_t cols) const { return Acts{xq, xscale, xsum, xq256, xscale256, cols}; }
+
+  // values [c0, c0 + len) of row r (x: the row, cols wide), len a multiple of 32; the super-block
+  // form too where cols is a multiple of 256 (then c0 and len are too)
+  void quantize(const float* x, int64_t r, int64_t c0, int64_t len, int64_t cols) {
+    const int64_t nb = cols / QBLOCK;
+    float top[QK / QBLOCK];
+    for (int64_t c = c0; c < c0 + len; c += QBLOCK) {
+      const int64_t b = r * nb + c / QBLOCK;
+      const float t = block_top(x + c, xsum + b);
+      round_block(x + c, t > 0.f ? 127.0f / t : 0.f, xq + r * cols + c);
+      xscale[b] = t / 127.0f;
+      top[(c / QBLOCK) % (QK / QBLOCK)] = t;
+      if (cols % QK == 0 && (c + QBLOCK) % QK == 0) {
+        const float t256 = *std::max_element(top, top + QK / QBLOCK);
+        for (int64_t cc = c + QBLOCK - QK; cc <= c; cc += QBLOCK)
+          round_block(x + cc, t256 > 0.f ? 127.0f / t256 : 0.f, xq256 + r * cols + cc);
+        xscale256[r * (cols / QK) + c / QK] = t256 / 127.0f;
+      }
+    }
+  }
 };
 
 // out [n, rows] = x [n, cols] (float32, contiguous) times the block-quantized weight^T (+ bias)
 void block_linear(const BlockMatrix& m, const float* x, int64_t n, float* out) {
   if (n == 0) return;
   QuantizedRows a(n, m.cols);
-  const int64_t nb = m.cols / QBLOCK;
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < n; ++t) quantize_blocks(x + t * m.cols, nb, a.xq + t * m.cols, a.xscale + t * nb, a.xsum + t * nb);
-    matmul_team(m, n, a.xq, a.xscale, a.xsum, out);
+    for (int64_t t = 0; t < n; ++t) a.quantize(x + t * m.cols, t, 0, m.cols, m.cols);
+    matmul_team(m, n, a.view(m.cols), out);
   }
 }
 
@@ -979,10 +1113,7 @@ void decoder_layer(const LayerWeights& w, const DecodeStep& s, int64_t layer, bo
   float* k_cache = static_cast<float*>(const_cast<void*>(p.k_cache)) + layer * p.layer_stride;
   float* v_cache = static_cast<float*>(const_cast<void*>(p.v_cache)) + layer * p.layer_stride;
   // row r of x [n, cols] as the next matmul reads it
-  const auto quantize = [&](const float* x, int64_t r, int64_t cols) {
-    const int64_t nb = cols / QBLOCK;
-    quantize_blocks(x + r * cols, nb, a.xq + r * cols, a.xscale + r * nb, a.xsum + r * nb);
-  };
+  const auto quantize = [&](const float* x, int64_t r, int64_t cols) { a.quantize(x + r * cols, r, 0, cols, cols); };
 #pragma omp parallel
   {
 #pragma omp for
@@ -991,7 +1122,7 @@ void decoder_layer(const LayerWeights& w, const DecodeStep& s, int64_t layer, bo
                               h + r * hidden, hidden, w.eps);
       quantize(h, r, hidden);
     }
-    matmul_team(w.qkv, n, a.xq, a.xscale, a.xsum, qkv);
+    matmul_team(w.qkv, n, a.view(hidden), qkv);
 #pragma omp for
     for (int64_t r = 0; r < n; ++r) {
       float* row = qkv + r * qkv_width;  // [q heads | k heads | v heads]
@@ -1002,22 +1133,23 @@ void decoder_layer(const LayerWeights& w, const DecodeStep& s, int64_t layer, bo
     decode_attention_team<float>(p, layer, qkv, qkv_width, n, att);
 #pragma omp for
     for (int64_t r = 0; r < n; ++r) quantize(att, r, q_width);
-    matmul_team(w.o, n, a.xq, a.xscale, a.xsum, o);
+    matmul_team(w.o, n, a.view(q_width), o);
 #pragma omp for
     for (int64_t r = 0; r < n; ++r) {
       add_rms_norm_row<float>(s.x + r * hidden, o + r * hidden, w.post_norm, h + r * hidden, hidden, w.eps);
       quantize(h, r, hidden);
     }
-    matmul_team(w.gate_up, n, a.xq, a.xscale, a.xsum, gate_up);
-    // by blocks, not rows: at one token a row is one thread's work
+    matmul_team(w.gate_up, n, a.view(hidden), gate_up);
+    // by spans of a row, not rows: at one token a row is one thread's work (a span is a
+    // super-block where the K-quants' form is made, which needs its 256 values together)
+    const int64_t span = inter % QK == 0 ? QK : QBLOCK, spans = inter / span;
 #pragma omp for
-    for (int64_t rb = 0; rb < n * (inter / QBLOCK); ++rb) {
-      const int64_t r = rb / (inter / QBLOCK), c = rb % (inter / QBLOCK) * QBLOCK;
-      silu_mul_row<float>(gate_up + r * 2 * inter + c, gate_up + r * 2 * inter + inter + c, act + r * inter + c,
-                          QBLOCK);
-      quantize_blocks(act + r * inter + c, 1, a.xq + r * inter + c, a.xscale + rb, a.xsum + rb);
+    for (int64_t rs = 0; rs < n * spans; ++rs) {
+      const int64_t r = rs / spans, c = rs % spans * span;
+      silu_mul_row<float>(gate_up + r * 2 * inter + c, gate_up + r * 2 * inter + inter + c, act + r * inter + c, span);
+      a.quantize(act + r * inter, r, c, span, inter);
     }
-    matmul_team(w.down, n, a.xq, a.xscale, a.xsum, s.delta);
+    matmul_team(w.down, n, a.view(inter), s.delta);
   }
   std::free(h);
 }

@@ -1,18 +1,16 @@
 """The CPU kernels (kernels/cpu_kernels.cpp) against naive torch: decode attention read from the
 pages, however a step's decodes are split into items and grouped on shared prefixes, the fused
-layer steps against the torch forms they replace, and linear layers on block-quantized weights
-against float64 matmuls."""
+layer steps against the torch forms they replace (the block-quantized linear layers:
+tests/test_block_kernels.py)."""
 from __future__ import annotations
 
-import ctypes
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.kernels import cpu_kernels
-from radixserve.kernels.cpu_kernels import BlockWeight, CpuKernels, DecodePlan, PagedDecode, load
+from radixserve.kernels.cpu_kernels import DecodePlan, PagedDecode, load
 from radixserve.runtime.models.layer_ops import CpuLayerOps, TorchLayerOps
 from radixserve.runtime.models.rope import cos_sin_table
 
@@ -192,73 +190,3 @@ def test_silu_mul_equals_torch(dtype):
         assert torch.equal(got, want)
     else:   # exp2 polynomial vs libm exp: a few ulps
         torch.testing.assert_close(got, want, atol=1e-6, rtol=2e-6)
-
-
-# ---- linear layers on block-quantized weights -----------------------------------------------------
-def random_block_weight(kind: str, rows: int, cols: int, seed: int
-                        ) -> tuple[BlockWeight, torch.Tensor, torch.Tensor]:
-    """A BlockWeight, the float64 weight it stands for, and its zeros [rows, blocks]."""
-    g = torch.Generator().manual_seed(seed)
-    scale = torch.rand(rows, cols // 32, generator=g) * 0.02
-    if kind == "q4":
-        q = torch.randint(0, 16, (rows, cols), generator=g, dtype=torch.uint8)
-        zero = torch.randn(rows, cols // 32, generator=g) * 0.05
-        w = BlockWeight.q4(q, scale, zero)
-    else:
-        q = torch.randint(-128, 128, (rows, cols), generator=g, dtype=torch.int8)
-        zero = torch.zeros(rows, cols // 32)
-        w = BlockWeight.q8(q, scale)
-    dense = q.double().view(rows, -1, 32) * scale.double()[..., None] + zero.double()[..., None]
-    return w, dense.view(rows, cols), zero
-
-
-def activation_rounding_bound(x: torch.Tensor, dense: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """The most |y - x W^T| may be when x is rounded to int16 per block of 32 (half a step of the
-    block's largest value per element), plus float32 sums. The rounded activations multiply
-    q * scale, i.e. W - zero (the zero term takes the block sums of x as they are)."""
-    top = x.double().abs().view(x.shape[0], -1, 32).amax(-1).repeat_interleave(32, dim=1)
-    scaled = (dense - zero.double().repeat_interleave(32, dim=1)).abs()
-    return (top / 65534) @ scaled.t() + 1e-6 * (x.double().abs() @ dense.abs().t())
-
-
-@settings(max_examples=60, deadline=None)
-@given(kind=st.sampled_from(["q4", "q8"]), rows=st.integers(1, 70), blocks=st.integers(1, 6),
-       tokens=st.integers(1, 9), seed=st.integers(0, 2**16))
-def test_block_linear_equals_the_dense_matmul_up_to_activation_rounding(kind, rows, blocks, tokens, seed):
-    w, dense, zero = random_block_weight(kind, rows, 32 * blocks, seed)
-    x = torch.randn(tokens, 32 * blocks, generator=torch.Generator().manual_seed(seed + 1)) * 3
-    x[0, 0] = 40.0   # an outlier activation: rounding is per block, so it coarsens its own block only
-    got = KERNELS.block_linear(x, w.matrix()).double()
-    want = x.double() @ dense.t()
-    assert got.shape == (tokens, rows)
-    assert ((got - want).abs() <= activation_rounding_bound(x, dense, zero)).all()
-
-
-def test_block_linear_adds_its_bias_as_a_separate_add_after_the_product():
-    w, *_ = random_block_weight("q4", 40, 64, 0)
-    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
-    bias = torch.randn(40, generator=torch.Generator().manual_seed(2))
-    assert torch.equal(KERNELS.block_linear(x, w.matrix(bias)), KERNELS.block_linear(x, w.matrix()) + bias)
-
-
-def test_block_linear_of_zero_activations_is_zero():
-    w, *_ = random_block_weight("q4", 8, 64, 0)
-    assert torch.equal(KERNELS.block_linear(torch.zeros(3, 64), w.matrix()), torch.zeros(3, 8))
-
-
-@pytest.mark.parametrize("kind", ["q4", "q8"])
-def test_block_linear_without_avx2_matches_the_vector_path(kind, tmp_path):
-    """The portable loops (a CPU without AVX2) compute the same integer dots; only the order of
-    float sums differs."""
-    path = tmp_path / "portable.so"
-    cpu_kernels.build(path, [*cpu_kernels.FLAGS, "-mno-avx2"])
-    portable = CpuKernels(ctypes.CDLL(str(path)))
-    w, *_ = random_block_weight(kind, 37, 96, 1)
-    x = torch.randn(6, 96, generator=torch.Generator().manual_seed(2))
-    torch.testing.assert_close(portable.block_linear(x, w.matrix()), KERNELS.block_linear(x, w.matrix()), rtol=1e-5, atol=1e-6)
-
-
-def test_block_linear_of_no_rows_is_empty():
-    """A prefill chunk that samples no row asks the LM head for zero rows."""
-    w, *_ = random_block_weight("q8", 64, 64, 0)
-    assert KERNELS.block_linear(torch.zeros(0, 64), w.matrix()).shape == (0, 64)

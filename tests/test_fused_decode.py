@@ -3,7 +3,6 @@ kernel call (runtime/models/fused_decode.py): its logits and K/V writes are exac
 layer's separate calls, for any batch of decodes the attention backend plans."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,9 +13,10 @@ from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
 from radixserve.runtime.kv_cache import KVCache
 from radixserve.runtime.models.config import ModelConfig
 from radixserve.runtime.models.llama import LlamaForCausalLM
-from radixserve.runtime.models.loader import Int4Weight, Int8Weight
 from radixserve.runtime.models.random_init import random_weights
 from radixserve.runtime.platform import get_platform
+
+from .kquants import quantized
 
 CPU = get_platform(torch.device("cpu"))
 LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -24,33 +24,30 @@ LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 
 
 def config(attention_bias: bool = False, qk_norm: bool = False) -> ModelConfig:
-    return ModelConfig("qwen2" if attention_bias else "llama", hidden_size=64, num_layers=3, num_heads=4,
-                       num_kv_heads=2, head_dim=16, intermediate_size=96, vocab_size=300, max_context_len=2048,
+    # widths of whole K-quant super-blocks (256), so that every block type can hold any matrix
+    return ModelConfig("qwen2" if attention_bias else "llama", hidden_size=256, num_layers=3, num_heads=4,
+                       num_kv_heads=2, head_dim=64, intermediate_size=512, vocab_size=300, max_context_len=2048,
                        attention_bias=attention_bias, qk_norm=qk_norm)
 
 
-def blocks_of(w: torch.Tensor, bits: int):
-    """w in GGUF-like blocks of 32 (Q4_1 or Q8_0), and the dense weight those blocks stand for."""
-    a = w.double().numpy().reshape(w.shape[0], -1, 32)
-    if bits == 8:
-        scale = (np.abs(a).max(-1) / 127).astype(np.float32)
-        q = np.rint(a / scale[..., None]).astype(np.int8)
-        return Int8Weight(q.reshape(w.shape), scale), q.astype(np.float32) * scale[..., None]
-    lo, hi = a.min(-1), a.max(-1)
-    scale = ((hi - lo) / 15).astype(np.float32)
-    q = np.clip(np.rint((a - lo[..., None]) / scale[..., None]), 0, 15).astype(np.uint8)
-    zero = (lo + 8 * scale).astype(np.float32)
-    return Int4Weight(q.reshape(w.shape), scale, zero, 32), (q.astype(np.float32) - 8) * scale[..., None] + zero[..., None]
+# each layer's block types, as GGUF files mix them: legacy, Q4_K_M-like (v and down in Q6_K), Q5_K
+KINDS_OF_LAYER = [
+    {"self_attn.v_proj": "Q8_0", "mlp.down_proj": "Q4_0"},
+    {"self_attn.v_proj": "Q6_K", "mlp.down_proj": "Q6_K", "default": "Q4_K"},
+    {"self_attn.q_proj": "Q4_1", "default": "Q5_K"},
+]
 
 
 def quantized_model(cfg: ModelConfig, dtype=torch.float32) -> LlamaForCausalLM:
-    """A random model whose linear layers are 4-bit blocks (the LM head 8-bit), as a GGUF file holds them."""
-    weights, quantized = random_weights(cfg, std=0.1), {}
-    for name in [f"model.layers.{i}.{lin}.weight" for i in range(cfg.num_layers) for lin in LINEARS] + [
-            "lm_head.weight"]:
-        quantized[name], dense = blocks_of(weights[name], 8 if name == "lm_head.weight" else 4)
-        weights[name] = torch.from_numpy(dense.reshape(weights[name].shape)).float()
-    return LlamaForCausalLM(cfg, weights, dtype, CPU, quantized)
+    """A random model whose linear layers are block-quantized (the LM head Q8_0), as a GGUF file holds them."""
+    weights = random_weights(cfg, std=0.1)
+    for i in range(cfg.num_layers):
+        kinds = KINDS_OF_LAYER[i % len(KINDS_OF_LAYER)]
+        for lin in LINEARS:
+            name = f"model.layers.{i}.{lin}.weight"
+            weights[name] = quantized(kinds.get(lin, kinds.get("default", "Q4_1")), weights[name].numpy())
+    weights["lm_head.weight"] = quantized("Q8_0", weights["lm_head.weight"].numpy())
+    return LlamaForCausalLM(cfg, weights, dtype, CPU)
 
 
 class Step:
@@ -135,10 +132,11 @@ def test_a_step_with_a_prefill_runs_the_separate_calls():
     assert step.batch().paged_decode is None
 
 
-def test_more_decodes_than_the_block_form_takes_run_the_separate_calls():
+def test_a_step_of_many_decodes_runs_fused():
+    """The block kernels take any batch: 40 decodes are still one call per layer."""
     cfg = config()
     model = quantized_model(cfg)
-    step = Step(cfg, 16, [32] * (model.fused_decode.max_tokens + 1), 0, seed=0)
+    step = Step(cfg, 16, [32] * 40, 0, seed=0)
     batch = step.batch()
     x = torch.zeros(batch.num_tokens, cfg.hidden_size)
-    assert model.fused_decode(x, batch.positions, batch.out_slots, batch.paged_decode) is None
+    assert model.fused_decode(x, batch.positions, batch.out_slots, batch.paged_decode) is not None

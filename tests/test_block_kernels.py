@@ -1,0 +1,148 @@
+"""The linear layers on a GGUF file's block-quantized weights (kernels/cpu_kernels.cpp): every
+block type dequantises as the gguf package's reference does, bit for bit; products are float64
+matmuls of the dequantised weights up to the activations' int8 rounding; stacked segments, row
+maps and batch sizes change nothing but which rows are computed."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixserve.kernels import cpu_kernels
+from radixserve.kernels.cpu_kernels import CpuKernels, block_matrix, load
+from radixserve.runtime.models.quant import KINDS, BlockTensor
+
+from .kquants import SCALE_BYTES, random_blocks, zeros_of
+
+KERNELS = load()
+assert KERNELS is not None, "the CPU kernels did not build"
+LEGACY = ("Q4_0", "Q4_1", "Q8_0")
+
+
+def random_tensor(kind: str, rows: int, cols: int, seed: int) -> BlockTensor:
+    return BlockTensor(kind, random_blocks(kind, rows, cols, np.random.default_rng(seed)), cols)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_dequantised_rows_equal_the_gguf_reference_bit_for_bit(kind):
+    """Including extreme f16 scales (the largest, a subnormal, zero, negative) and all-zero blocks."""
+    rng = np.random.default_rng(1)
+    per, nbytes = KINDS[kind][1:]
+    data = random_blocks(kind, 12, 2 * per, rng)
+    blocks = data.reshape(12, 2, nbytes)
+    for row, value in enumerate([65504.0, -65504.0, 2.0 ** -24, 0.0, -0.5, 1e-3]):
+        for at in SCALE_BYTES[kind]:
+            blocks[row, 0, at:at + 2] = np.array([value], np.float16).view(np.uint8)
+    blocks[6] = 0
+    t = BlockTensor(kind, data, 2 * per)
+    got = KERNELS.dequantize_rows(t, torch.arange(12)).numpy()
+    assert np.array_equal(got.view(np.uint32), t.dequantize().view(np.uint32))
+
+
+def test_dequantised_rows_follow_the_row_map():
+    t = random_tensor("Q4_K", 10, 256, 0).reordered(np.array([3, 1, 4, 1, 5, 9, 2, 6]))
+    got = KERNELS.dequantize_rows(t, torch.tensor([7, 0, 2]))
+    assert np.array_equal(got.numpy(), t.dequantize()[[7, 0, 2]])
+
+
+def test_dequantising_a_row_out_of_range_raises():
+    with pytest.raises(IndexError):
+        KERNELS.dequantize_rows(random_tensor("Q8_0", 4, 32, 0), torch.tensor([4]))
+
+
+def rounding_bound(kind: str, x: torch.Tensor, t: BlockTensor) -> torch.Tensor:
+    """The most |y - x W^T| may be: each activation rounded to int8 is off by at most half a step
+    (1/254 of the largest in its block of 32, or its super-block of 256 for the K-quants), and
+    meets W less its zero (the zero term takes the block sums of x as they are); plus float32 sums."""
+    group = 32 if kind in LEGACY else 256
+    top = x.double().abs().view(x.shape[0], -1, group).amax(-1).repeat_interleave(group, dim=1)
+    dense = torch.from_numpy(t.dequantize()).double()
+    scaled = (dense - torch.from_numpy(zeros_of(t)).double()).abs()
+    return (top / 254) @ scaled.t() + 1e-5 * (x.double().abs() @ dense.abs().t())
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(sorted(KINDS)), rows=st.integers(1, 40), blocks=st.integers(1, 3),
+       tokens=st.sampled_from([1, 2, 3, 4, 5, 9, 70]), seed=st.integers(0, 2**16))
+def test_block_linear_equals_the_float64_matmul_up_to_activation_rounding(kind, rows, blocks, tokens, seed):
+    cols = blocks * KINDS[kind][1] * (8 if kind in LEGACY else 1)
+    t = random_tensor(kind, rows, cols, seed)
+    x = torch.randn(tokens, cols, generator=torch.Generator().manual_seed(seed + 1)) * 3
+    x[0, 0] = 40.0   # an outlier activation: rounding is per block, so it coarsens its own block only
+    got = KERNELS.block_linear(x, block_matrix([t])).double()
+    want = x.double() @ torch.from_numpy(t.dequantize()).double().t()
+    assert got.shape == (tokens, rows)
+    assert ((got - want).abs() <= rounding_bound(kind, x, t)).all()
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 70])
+def test_stacked_segments_of_mixed_types_equal_their_separate_products(tokens):
+    """q, k and v of one projection, as Q4_K_M stores them: Q4_K, a row-mapped Q4_K, Q6_K."""
+    q, k, v = random_tensor("Q4_K", 34, 512, 0), random_tensor("Q4_K", 10, 512, 1), random_tensor("Q6_K", 6, 512, 2)
+    k = k.reordered(np.array([9, 8, 7, 6, 5, 4, 3, 2, 1, 0]))
+    x = torch.randn(tokens, 512, generator=torch.Generator().manual_seed(3))
+    stacked = KERNELS.block_linear(x, block_matrix([q, k, v]))
+    assert torch.equal(stacked, torch.cat([KERNELS.block_linear(x, block_matrix([p])) for p in (q, k, v)], dim=1))
+
+
+def test_a_row_map_reads_the_rows_it_names():
+    t = random_tensor("Q5_K", 8, 256, 0)
+    order = np.array([5, 5, 0, 7])
+    copied = BlockTensor("Q5_K", np.ascontiguousarray(t.data[order]), 256)
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(KERNELS.block_linear(x, block_matrix([t.reordered(order)])),
+                       KERNELS.block_linear(x, block_matrix([copied])))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_each_row_of_a_batch_equals_its_product_alone(kind):
+    """The batched tiles (a prefill) sum each row in the same order as one token does."""
+    t = random_tensor(kind, 21, 512, 0)
+    x = torch.randn(70, 512, generator=torch.Generator().manual_seed(1))
+    batched = KERNELS.block_linear(x, block_matrix([t]))
+    assert torch.equal(batched, torch.cat([KERNELS.block_linear(x[i:i + 1], block_matrix([t])) for i in range(70)]))
+
+
+def test_block_linear_adds_its_bias_as_a_separate_add_after_the_product():
+    t = random_tensor("Q4_1", 40, 64, 0)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(KERNELS.block_linear(x, block_matrix([t], bias)), KERNELS.block_linear(x, block_matrix([t])) + bias)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_block_linear_of_zero_activations_is_zero(kind):
+    t = random_tensor(kind, 8, 256, 0)
+    assert torch.equal(KERNELS.block_linear(torch.zeros(3, 256), block_matrix([t])), torch.zeros(3, 8))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_block_linear_without_avx2_matches_the_vector_path(kind, tmp_path_factory):
+    """The portable loops (a CPU without AVX2) compute the same integer dots; only the order of
+    float sums differs."""
+    portable = _portable(tmp_path_factory)
+    t = random_tensor(kind, 37, 512, 1)
+    x = torch.randn(6, 512, generator=torch.Generator().manual_seed(2))
+    m = block_matrix([t])
+    torch.testing.assert_close(portable.block_linear(x, m), KERNELS.block_linear(x, m), rtol=1e-5, atol=1e-5)
+
+
+_PORTABLE: list = []
+
+
+def _portable(tmp_path_factory) -> CpuKernels:
+    if not _PORTABLE:
+        path = tmp_path_factory.mktemp("portable") / "portable.so"
+        cpu_kernels.build(path, [*cpu_kernels.FLAGS, "-mno-avx2"])
+        _PORTABLE.append(CpuKernels(ctypes.CDLL(str(path))))
+    return _PORTABLE[0]
+
+
+def test_block_linear_of_no_rows_is_empty():
+    """A prefill chunk that samples no row asks the LM head for zero rows."""
+    t = random_tensor("Q8_0", 64, 64, 0)
+    assert KERNELS.block_linear(torch.zeros(0, 64), block_matrix([t])).shape == (0, 64)
