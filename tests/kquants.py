@@ -94,3 +94,47 @@ def zeros_of(t: BlockTensor) -> np.ndarray:
     start, end = VALUE_BYTES[t.kind]
     data[..., start:end] = 0
     return BlockTensor(t.kind, data.reshape(t.data.shape), t.cols, t.row_map).dequantize()
+
+
+def _metadata_type(value):
+    from gguf.constants import GGUFValueType
+    if isinstance(value, bool):
+        return GGUFValueType.BOOL
+    if isinstance(value, int):
+        return GGUFValueType.INT32 if value < 0 else GGUFValueType.UINT32
+    if isinstance(value, float):
+        return GGUFValueType.FLOAT32
+    return GGUFValueType.STRING
+
+
+def requantize_gguf(src, dst, kind_of) -> None:
+    """A copy of the GGUF file `src` whose tensors named in `kind_of` (name -> block type) are
+    requantized from their dequantised values with this module's quantiser; the rest as they are."""
+    import gguf
+    from gguf.constants import GGUFValueType
+
+    from radixserve.runtime.models.gguf_file import read_gguf
+
+    fields, tensors = read_gguf(src)
+    w = gguf.GGUFWriter(str(dst), fields["general.architecture"])
+    for key, value in fields.items():
+        if key in ("general.architecture", "general.alignment"):
+            continue
+        if isinstance(value, list):
+            w.add_key_value(key, value, GGUFValueType.ARRAY, _metadata_type(value[0]))
+        else:
+            w.add_key_value(key, value, _metadata_type(value))
+    for name, t in tensors.items():
+        if name in kind_of:
+            x = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+            kind = kind_of[name]
+            w.add_tensor(name, quantize_blocks(kind, x.reshape(-1, int(t.shape[0]))),
+                         raw_dtype=GGMLQuantizationType[kind])
+        elif t.tensor_type.name in KINDS:
+            w.add_tensor(name, np.ascontiguousarray(t.data), raw_dtype=t.tensor_type)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(t.data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
