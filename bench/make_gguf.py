@@ -128,7 +128,9 @@ def main() -> None:
             continue
         if not QUANTIZE.exists():
             sys.exit(f"{QUANTIZE} is missing: make bench-peers builds it")
-        subprocess.run([str(QUANTIZE), str(base), str(dest), q], check=True, stdout=subprocess.DEVNULL)
+        done = subprocess.run([str(QUANTIZE), str(base), str(dest), q], capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"llama-quantize failed:\n{done.stderr[-3000:]}")
         print(f"wrote {dest} ({dest.stat().st_size / 1e9:.2f} GB)")
 
 

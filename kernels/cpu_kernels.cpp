@@ -696,17 +696,19 @@ inline __m256i lanes(int lo, int hi) {  // int16 lane lo to the low 128 bits, la
                           _mm_load_si128(reinterpret_cast<const __m128i*>(kBroadcastLane[lo])));
 }
 
-// Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins unpacked with 32-bit operations (scales in
-// bytes 0-7, mins in 8-15), as scale_min_k4 reads them one at a time
+// Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins unpacked in one vector (scales to bytes 0-7,
+// mins to 8-15), as scale_min_k4 reads them one at a time: sub-blocks 0-3 keep the low six bits
+// of bytes 0-3 (scales) and 4-7 (mins); 4-7 take a nibble of bytes 8-11 under the top two bits of
+// bytes 0-3 (scales) or 4-7 (mins)
 inline void k4_header(const uint8_t* p, VHeader& h) {
-  uint32_t u[4];
-  std::memcpy(u, p + 4, 12);
-  u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-  const uint32_t mins_lo = u[1] & 0x3f3f3f3fu;
-  u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-  u[2] = mins_lo;
-  u[0] &= 0x3f3f3f3fu;
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4));  // 4 bytes into the values
+  const __m128i low = _mm_and_si128(_mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1)),
+                                    _mm_set1_epi8(63));
+  const __m128i n = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 8, 9, 10, 11, -1, -1, -1, -1, 8, 9, 10, 11));
+  const __m128i nib = _mm_and_si128(_mm_blend_epi16(n, _mm_srli_epi16(n, 4), 0xC0), _mm_set1_epi8(15));
+  const __m128i t = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  const __m128i top = _mm_srli_epi16(_mm_and_si128(t, _mm_set1_epi8(char(0xC0))), 2);
+  const __m128i b = _mm_or_si128(low, _mm_or_si128(nib, top));
   h.scales[0] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
   h.d = half_f16c(p);
   h.zero8 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))), _mm256_set1_ps(-half_f16c(p + 2)));
@@ -808,6 +810,7 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
       }
     } else {
     __m256i isum[NR][NT];
+#pragma GCC unroll 8
     for (int j = 0; j < K::SUBS; ++j) {
       __m256i wv[NR], sc[NR];
       for (int r = 0; r < NR; ++r) {
@@ -936,7 +939,10 @@ struct BlockMatrix {
 
 // Rows a tile asks the memory for ahead of reading them: the hardware prefetcher alone left the
 // 8-bit LM head waiting on memory (bench/decode_floor.py's "linear layers + LM head")
-constexpr int64_t PREFETCH_ROWS = 8;
+#ifndef RS_PREFETCH_ROWS
+#define RS_PREFETCH_ROWS 8
+#endif
+constexpr int64_t PREFETCH_ROWS = RS_PREFETCH_ROWS;
 // Activation rows a prefill pass holds in L2 while every weight row streams past (bytes)
 constexpr int64_t CHUNK_BYTES = 128 << 10;
 
@@ -972,7 +978,7 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
     // one token: every weight row read once, four at a time (four independent sums)
 #pragma omp for schedule(static) nowait
     for (int64_t p = 0; p < s.rows / 2; ++p)
-      run_tile<K, 2, 1>(s, 2 * p, 0, 1, row0, m.rows, a, m.bias, out, false);
+      run_tile<K, 2, 1>(s, 2 * p, 0, 1, row0, m.rows, a, m.bias, out, true);
 #pragma omp for schedule(static) nowait
     for (int64_t r = s.rows / 2 * 2; r < s.rows; ++r)
       run_tile<K, 1, 1>(s, r, 0, 1, row0, m.rows, a, m.bias, out, false);

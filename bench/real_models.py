@@ -1,0 +1,112 @@
+"""radixserve and llama.cpp's server on the same real-shaped GGUF (bench/make_gguf.py), side by side
+in one sitting: the figures of the real-models issue.
+
+Per system and file: load time (start until /health is 200), one stream's TPOT (~130-token
+prompts), the aggregate output tokens/s of 4 and 16 streams, TTFT of a ~3,000-token prompt, and
+the server's resident memory after it all (VmRSS of its process tree). Streamed chat, greedy, EOS
+ignored, a new prompt every request (no prefix cache helps). Systems alternate within a round.
+Writes bench/results/real_models.json and prints a table. Never asserts anything about time.
+
+    .venv/bin/python bench/real_models.py --models bench/models/llama-1b-Q4_K_M.gguf --rounds 2
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+import compare  # noqa: E402
+import serving  # noqa: E402
+import single_stream  # noqa: E402
+from single_stream import Cell  # noqa: E402
+
+CELLS = (Cell("short", 90, 1, 4), Cell("short", 90, 4, 8), Cell("short", 90, 16, 16), Cell("long", 2950, 1, 1))
+
+
+def tree_rss_mb(pid: int) -> float:
+    """VmRSS of pid and its descendants, MB."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmRSS:")))
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
+def measure(system: compare.System, model: str, port: int, max_tokens: int, seed: int, log: Path) -> dict:
+    t0 = time.monotonic()
+    proc = compare.start(system, port, model, log)
+    out = {"load_s": time.monotonic() - t0, "cells": {}}
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        served = serving.served_model(base, None)
+        single_stream.warm_up(base, served, max_tokens)
+        for cell in CELLS:
+            r = asyncio.run(single_stream.run_cell(base, served, cell, seed, max_tokens))
+            out["cells"][single_stream.key(cell)] = {
+                "tpot_p50_ms": r["tpot_s"]["p50"] * 1e3, "ttft_p50_s": r["ttft_s"]["p50"],
+                "output_tok_per_s": r["output_tokens_per_s"], "prompt_tokens": r["prompt_tokens"] / max(1, r["completed"]),
+                "failed": r["failed"]}
+            print(f"  {system.name} {single_stream.key(cell)}: {out['cells'][single_stream.key(cell)]}", flush=True)
+        out["rss_mb"] = tree_rss_mb(proc.pid)
+    finally:
+        compare.stop(proc)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", required=True)
+    p.add_argument("--systems", nargs="+", default=["radixserve", "llama.cpp"])
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--port", type=int, default=8500)
+    p.add_argument("--out", type=Path, default=BENCH / "results" / "real_models.json")
+    args = p.parse_args()
+    all_systems = single_stream.systems(sys.executable)
+    report = {"machine": compare.machine(), "rounds": args.rounds, "max_tokens": args.max_tokens, "runs": {}}
+    logs = BENCH / "results" / "real_models.logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for model in args.models:
+        runs = report["runs"].setdefault(Path(model).name, {"file_mb": os.path.getsize(model) / 2**20})
+        for r in range(args.rounds):
+            order = args.systems if r % 2 == 0 else list(reversed(args.systems))
+            for name in order:
+                print(f"{Path(model).name} round {r}: {name}", flush=True)
+                res = measure(all_systems[name], model, args.port, args.max_tokens, 1000 + r,
+                              logs / f"{Path(model).stem}-{name}-{r}.log")
+                runs.setdefault(name, []).append(res)
+                args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(table(report))
+
+
+def table(report: dict) -> str:
+    lines = ["| file | system | load s | TPOT c=1 ms | tok/s c=4 | tok/s c=16 | TTFT ~3k s | RSS MB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for model, runs in report["runs"].items():
+        for name, rs in runs.items():
+            if name == "file_mb":
+                continue
+            med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
+            c = lambda k, m: med(lambda r: r["cells"][k][m])  # noqa: E731
+            lines.append(f"| {model} ({runs['file_mb']:.0f} MiB) | {name} | {med(lambda r: r['load_s']):.1f} | "
+                         f"{c('short c=1', 'tpot_p50_ms'):.1f} | {c('short c=4', 'output_tok_per_s'):.1f} | "
+                         f"{c('short c=16', 'output_tok_per_s'):.1f} | {c('long c=1', 'ttft_p50_s'):.2f} | "
+                         f"{med(lambda r: r['rss_mb']):.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
