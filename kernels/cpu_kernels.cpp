@@ -809,31 +809,31 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
         }
       }
     } else {
-    __m256i isum[NR][NT];
+      __m256i isum[NR][NT];
 #pragma GCC unroll 8
-    for (int j = 0; j < K::SUBS; ++j) {
-      __m256i wv[NR], sc[NR];
-      for (int r = 0; r < NR; ++r) {
-        wv[r] = weights(K{}, w[r] + s * K::BYTES, j);
-        sc[r] = sub_scale<K>(h[r], j);
-      }
-      for (int t = 0; t < NT; ++t) {
-        const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq256 + (t0 + t) * cols + (s * K::SUBS + j) * QBLOCK));
-        const __m256i x32 = std::is_same<K, Q6_K>::value ? _mm256_maddubs_epi16(_mm256_set1_epi8(32), x) : x;
+      for (int j = 0; j < K::SUBS; ++j) {
+        __m256i wv[NR], sc[NR];
         for (int r = 0; r < NR; ++r) {
-          const __m256i d = kdot(K{}, wv[r], x, x32, sc[r]);
-          isum[r][t] = j == 0 ? d : _mm256_add_epi32(d, isum[r][t]);
+          wv[r] = weights(K{}, w[r] + s * K::BYTES, j);
+          sc[r] = sub_scale<K>(h[r], j);
+        }
+        for (int t = 0; t < NT; ++t) {
+          const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq256 + (t0 + t) * cols + (s * K::SUBS + j) * QBLOCK));
+          const __m256i x32 = std::is_same<K, Q6_K>::value ? _mm256_maddubs_epi16(_mm256_set1_epi8(32), x) : x;
+          for (int r = 0; r < NR; ++r) {
+            const __m256i d = kdot(K{}, wv[r], x, x32, sc[r]);
+            isum[r][t] = j == 0 ? d : _mm256_add_epi32(d, isum[r][t]);
+          }
         }
       }
-    }
-    for (int t = 0; t < NT; ++t) {
-      const float xs = a.xscale256[(t0 + t) * nsb + s];
-      const __m256 sums = _mm256_loadu_ps(a.xsum + (t0 + t) * nb + s * K::SUBS);
-      for (int r = 0; r < NR; ++r) {
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(h[r].d * xs), acc[r][t]);
-        if (K::ZERO) acc[r][t] = _mm256_fmadd_ps(h[r].zero8, sums, acc[r][t]);
+      for (int t = 0; t < NT; ++t) {
+        const float xs = a.xscale256[(t0 + t) * nsb + s];
+        const __m256 sums = _mm256_loadu_ps(a.xsum + (t0 + t) * nb + s * K::SUBS);
+        for (int r = 0; r < NR; ++r) {
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(h[r].d * xs), acc[r][t]);
+          if (K::ZERO) acc[r][t] = _mm256_fmadd_ps(h[r].zero8, sums, acc[r][t]);
+        }
       }
-    }
     }
   }
   for (int r = 0; r < NR; ++r)

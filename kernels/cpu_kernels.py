@@ -9,7 +9,7 @@ These kernels fuse each group of small ops into one call and read K/V straight f
 structs built once (`BlockMatrix`, `PagedDecode`, `LayerWeights`, `DecodeStep`, mirroring the C++).
 
 `load()` returns the kernels, or None where no C++ compiler works (the torch paths then serve,
-with the same results up to float rounding). Build: `g++ -O3 -march=native -fopenmp`, about two
+with the same results up to float rounding). Build: `g++ -O3 -march=native -fopenmp`, about 25
 seconds; the library lands in $RADIXSERVE_CACHE_DIR (default ~/.cache/radixserve), named by a
 hash of the source, the flags, the compiler and the CPU's flags, so that a machine with another
 CPU builds its own. Wrappers take tensors and check what the C side assumes (dtype, contiguity).

@@ -62,7 +62,7 @@ class Platform:
 
     def dense(self, parts: Sequence, dtype: torch.dtype) -> torch.Tensor:
         """`parts` stacked, dequantised where they are blocks, on this device in `dtype`."""
-        tensors = [torch.from_numpy(p.dequantize()) if isinstance(p, BlockTensor) else p for p in parts]
+        tensors = [torch.from_numpy(p.dense()) if isinstance(p, BlockTensor) else p for p in parts]
         return (tensors[0] if len(tensors) == 1 else torch.cat(tensors)).to(self.device, dtype)
 
     def warm_up_kernels(self, vocab_size: int) -> None:

@@ -34,7 +34,7 @@ class ModelFiles:
     def dequantized(self) -> dict[str, torch.Tensor]:
         """Every weight as a float32 tensor: the reference a quantized model's kernels approximate
         (several times the file's memory)."""
-        return {k: torch.from_numpy(w.dequantize()) if isinstance(w, BlockTensor) else w
+        return {k: torch.from_numpy(w.dense()) if isinstance(w, BlockTensor) else w
                 for k, w in self.weights.items()}
 
 

@@ -53,6 +53,17 @@ class BlockTensor:
         data = self.data if self.row_map is None else self.data[self.row_map]
         return np.asarray(dequantize(data, GGMLQuantizationType[self.kind]), dtype=np.float32).reshape(self.rows, self.cols)
 
+    def dense(self) -> np.ndarray:
+        """float32 [rows, cols], equal to `dequantize` bit for bit (tests/test_block_kernels.py), by
+        the CPU kernels where they built: a model's dequantisation in a fraction of a second, not
+        the reference's ~2 s for the 135M default model."""
+        from radixserve.kernels import cpu_kernels
+        kernels = cpu_kernels.load()
+        if kernels is None:
+            return self.dequantize()
+        import torch
+        return kernels.dequantize_rows(self, torch.arange(self.rows)).numpy()
+
     @property
     def nbytes(self) -> int:
         return self.data.nbytes
