@@ -590,12 +590,7 @@ struct Q4_K {
     const uint8_t b = p[16 + 32 * (j / 2) + l];
     return j % 2 == 0 ? b & 0x0F : b >> 4;
   }
-  static void dequantize(const uint8_t* p, float* y) {
-    Header<8> h;
-    header(p, h);
-    for (int j = 0; j < 8; ++j)
-      for (int l = 0; l < 32; ++l) y[32 * j + l] = h.scale[j] * float(q(p, j, l)) + h.zero[j];
-  }
+  static void dequantize(const uint8_t* p, float* y);
 };
 // Q5_K: Q4_K's layout plus 32 bytes of fifth bits (bit j of byte l: weight l of sub-block j)
 struct Q5_K {
@@ -606,13 +601,18 @@ struct Q5_K {
     const uint8_t b = p[48 + 32 * (j / 2) + l];
     return (j % 2 == 0 ? b & 0x0F : b >> 4) | (((p[16 + l] >> j) & 1) << 4);
   }
-  static void dequantize(const uint8_t* p, float* y) {
-    Header<8> h;
-    header(p, h);
-    for (int j = 0; j < 8; ++j)
-      for (int l = 0; l < 32; ++l) y[32 * j + l] = h.scale[j] * float(q(p, j, l)) + h.zero[j];
-  }
+  static void dequantize(const uint8_t* p, float* y);
 };
+// Q4_K / Q5_K weights: (d * sc) * q - dmin * m per sub-block, the reference's order of rounding
+template <class K>
+inline void k4_dequantize(const uint8_t* p, float* y) {
+  Header<8> h;
+  K::header(p, h);
+  for (int j = 0; j < 8; ++j)
+    for (int l = 0; l < 32; ++l) y[32 * j + l] = h.scale[j] * float(K::q(p, j, l)) + h.zero[j];
+}
+void Q4_K::dequantize(const uint8_t* p, float* y) { k4_dequantize<Q4_K>(p, y); }
+void Q5_K::dequantize(const uint8_t* p, float* y) { k4_dequantize<Q5_K>(p, y); }
 // Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales (one per 16 weights), f16
 // d. w = d * sc * (u - 32), u in 0..63. Sub-block j = 4h + k of half h: low nibbles of bytes
 // 64h + 32(k % 2) + l for k < 2, high ones for k >= 2; bits 2k, 2k + 1 of byte 32h + l of the
