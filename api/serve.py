@@ -44,6 +44,11 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "used evicted first (0 keeps none)")
     p.add_argument("--no-schema-in-prompt", dest="schema_in_prompt", action="store_false",
                    help="enforce a chat response_format json_schema without also stating it in the system message")
+    p.add_argument("--no-ui", dest="ui", action="store_false",
+                   help="no web page at / (the chat playground and the cache view)")
+    p.add_argument("--ui-show-prefix-text", action="store_true",
+                   help="the cache view (GET /v1/cache, the page) shows cached prompts' text, not only their "
+                        "token counts; anyone who may call the API can then read other users' prompts")
     r = p.add_argument_group("replicas on Ray Serve (needs the ray[serve] extra: pip install 'radixserve[ray]')")
     r.add_argument("--replicas", type=int, default=None,
                    help="run this many engine replicas behind one OpenAI endpoint on Ray Serve, routed by "
@@ -122,7 +127,8 @@ def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespac
         raise ValueError("response-store-size must be >= 0")
     app = build_app(None, served_model_name=args.served_model_name, api_key=args.api_key,
                     watchdog_timeout=args.watchdog_timeout, response_store_size=args.response_store_size,
-                    schema_in_prompt=args.schema_in_prompt)
+                    schema_in_prompt=args.schema_in_prompt, ui=args.ui,
+                    ui_show_prefix_text=args.ui_show_prefix_text)
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5),
                             app.state.server.lifecycle, args.shutdown_timeout)
@@ -146,7 +152,8 @@ def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespac
               f"KV cache {engine.kv_capacity_tokens} tokens, context {engine.model_config.max_context_len}, "
               f"loaded in {time.monotonic() - t0:.1f} s", flush=True)
         print(f"radixserve: ready at {_url(args.host, args.port)}/v1"
-              + (" (API key required)" if args.api_key else ""), flush=True)
+              + (" (API key required)" if args.api_key else "")
+              + (f"; chat page and cache view at {_url(args.host, args.port)}/" if args.ui else ""), flush=True)
         watch_engine(engine, server)
 
     print(f"radixserve: loading the model; listening on {_url(args.host, args.port)} "

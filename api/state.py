@@ -19,11 +19,13 @@ from radixserve.runtime.engine_client import EngineClient
 class ServerState:
     def __init__(self, engine: Optional[EngineClient], served_model_name: Optional[str], api_key: Optional[str],
                  watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT,
-                 response_store_size: int = DEFAULT_RESPONSE_STORE_SIZE, schema_in_prompt: bool = True):
+                 response_store_size: int = DEFAULT_RESPONSE_STORE_SIZE, schema_in_prompt: bool = True,
+                 show_prefix_text: bool = False):
         self.engine: Optional[EngineClient] = None
         self._served_model_name = served_model_name
         self.api_key = api_key or None
         self.schema_in_prompt = schema_in_prompt  # chat's response_format schema also stated in the prompt
+        self.show_prefix_text = show_prefix_text  # /v1/cache may show cached prompt text
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine)
         self.token_texts: Optional[TokenTexts] = None

@@ -1,7 +1,7 @@
 """KV page allocation and the radix tree of cached token prefixes."""
 from radixserve.radix.page_pool import KVPagePool, OutOfPagesError
-from radixserve.radix.radix_cache import InsertResult, RadixCache, TreeNode, common_prefix_len
+from radixserve.radix.radix_cache import CachedPrefix, InsertResult, RadixCache, TreeNode, common_prefix_len
 from radixserve.radix.page_table import RequestPageTable
 
-__all__ = ["KVPagePool", "OutOfPagesError", "InsertResult", "RadixCache", "TreeNode", "RequestPageTable",
+__all__ = ["CachedPrefix", "KVPagePool", "OutOfPagesError", "InsertResult", "RadixCache", "TreeNode", "RequestPageTable",
            "common_prefix_len"]

@@ -27,6 +27,7 @@ class TreeNode:
     children: dict = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    hits: int = 0   # requests whose reused prefix ended here (`record_hit`); a subtree's sum counts its path
     # chained hashes of the path's prefixes ending at each of this edge's pages, computed on first
     # summary; a split keeps them valid (a prefix's hash does not depend on where edges are cut)
     hashes: Optional[list[int]] = None
@@ -53,6 +54,15 @@ def common_prefix_len(a: list[int], b: list[int], page_size: int) -> int:
         else:
             hi = mid
     return lo - lo % page_size
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """One cached prefix (a path from the root to a node), for the cache view."""
+    tokens: int                 # its length
+    hits: int                   # requests that reused at least this whole prefix
+    in_use: bool                # a running request holds it (it cannot be evicted now)
+    token_ids: Optional[list[int]] = None   # only when asked for (the prompt text is private)
 
 
 @dataclass(frozen=True)
@@ -166,6 +176,27 @@ class RadixCache:
             out.extend(self._hashes(node))
         return out, False
 
+    def largest_prefixes(self, limit: int, with_tokens: bool = False) -> list[CachedPrefix]:
+        """The `limit` longest cached prefixes (one per node), longest first. One walk of the tree."""
+        order, stack = [], [(c, len(c.key)) for c in self.root.children.values()]
+        while stack:   # pre-order: every node after its parent
+            node, length = stack.pop()
+            order.append((node, length))
+            stack.extend((c, length + len(c.key)) for c in node.children.values())
+        reused = {}
+        for node, _ in reversed(order):   # children first: subtree sums of hits
+            reused[node] = node.hits + sum(reused[c] for c in node.children.values())
+        top = heapq.nlargest(limit, order, key=lambda e: (e[1], reused[e[0]]))
+        return [CachedPrefix(length, reused[node], node.lock_ref > 0,
+                             self._path(node) if with_tokens else None) for node, length in top]
+
+    def _path(self, node: TreeNode) -> list[int]:
+        parts = []
+        while node is not self.root:
+            parts.append(node.key)
+            node = node.parent
+        return [t for key in reversed(parts) for t in key]
+
     def _hashes(self, node: TreeNode) -> list[int]:
         if node.hashes is None:
             parent = node.parent
@@ -224,6 +255,11 @@ class RadixCache:
         self._offer(child)   # callers touch `child` just before they split it
         return upper
 
+    def record_hit(self, node: TreeNode) -> None:
+        """A request reuses the prefix ending at `node` (what `match_prefix` returned)."""
+        if node is not self.root:
+            node.hits += 1
+
     def lock(self, node: TreeNode) -> None:
         while node is not self.root:
             if node.lock_ref == 0:
@@ -258,6 +294,8 @@ class RadixCache:
             self.num_nodes -= 1
             parent = leaf.parent
             del parent.children[self._child_key(leaf.key)]
+            if parent is not self.root:   # those requests reused the parent's prefix too
+                parent.hits += leaf.hits
             leaf.parent = None   # detached: its stale heap entries are skipped
             self._offer(parent)
         return dropped

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from radixserve.radix import KVPagePool, RequestPageTable
+from radixserve.radix import CachedPrefix, KVPagePool, RequestPageTable
 from radixserve.runtime.admission import Admission
 from radixserve.runtime.attention import make_attention_backend
 from radixserve.runtime.config import EngineConfig
@@ -21,7 +21,7 @@ from radixserve.runtime.detokenizer import IncrementalDetokenizer
 from radixserve.runtime.engine_client import (EngineHealth, EngineRefusal, EngineStats, Prompt, PrefixSummary,
                                               RefusalKind)
 from radixserve.runtime.engine_loop import (Abort, AddRequest, CheckPages, EngineLoop, FlushCache, LiveRequests,
-                                            LoopParts, SummarizePrefixes, stopped)
+                                            ListPrefixes, LoopParts, SummarizePrefixes, stopped)
 from radixserve.runtime.kv_cache import KVCache, kv_cache_tokens
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
@@ -180,6 +180,10 @@ class Engine:
     def prefix_summary(self, limit: int) -> PrefixSummary:
         """The radix tree's page hashes (at most `limit`), read by the loop between steps."""
         return self.loop.call(SummarizePrefixes(limit))
+
+    def cached_prefixes(self, limit: int, with_tokens: bool = False) -> list[CachedPrefix]:
+        """The `limit` longest prefixes the radix tree holds, read by the loop between steps."""
+        return self.loop.call(ListPrefixes(limit, with_tokens))
 
     def flush_cache(self) -> None:
         """Drop all cached prefixes once the engine is idle (blocks until the loop has answered)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Optional, Protocol, Sequence, Union
 
 if TYPE_CHECKING:
+    from radixserve.radix import CachedPrefix
     from radixserve.grammar.spec import GrammarError
     from radixserve.runtime.admission import Admission
     from radixserve.runtime.models.config import ModelConfig
@@ -116,5 +117,10 @@ class EngineClient(Protocol):
     def health(self) -> EngineHealth: ...
 
     def stats(self) -> EngineStats: ...
+
+    def cached_prefixes(self, limit: int, with_tokens: bool = False) -> list["CachedPrefix"]:
+        """The longest prefixes in the radix tree (blocking: call it off the event loop); empty where
+        there is no one tree to list (several replicas)."""
+        ...
 
     def shutdown(self) -> None: ...

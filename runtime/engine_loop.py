@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from radixserve.radix import CachedPrefix
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.engine_client import EngineRefusal, PrefixSummary, RefusalKind
 from radixserve.runtime.kv_manager import KVManager
@@ -79,6 +80,14 @@ class CheckPages:
 @dataclass(frozen=True)
 class SummarizePrefixes:
     limit: int
+    reply: Reply = field(default_factory=Reply)
+
+
+@dataclass(frozen=True)
+class ListPrefixes:
+    """The longest cached prefixes, for the cache view; token ids only with `with_tokens`."""
+    limit: int
+    with_tokens: bool = False
     reply: Reply = field(default_factory=Reply)
 
 
@@ -151,6 +160,7 @@ class EngineLoop:
         self._handlers: dict[type, Callable[[Any], Any]] = {
             AddRequest: self._on_add, Abort: self._on_abort,
             FlushCache: self._on_flush, CheckPages: self._on_check_pages, SummarizePrefixes: self._on_summarize,
+            ListPrefixes: self._on_list_prefixes,
         }
 
     def start(self, build: Callable[[], LoopParts]) -> LoopParts:
@@ -369,6 +379,9 @@ class EngineLoop:
 
     def _on_check_pages(self, _: CheckPages) -> None:
         self.kv.check_invariant(self.scheduler.running)
+
+    def _on_list_prefixes(self, m: ListPrefixes) -> list[CachedPrefix]:
+        return self.kv.tree.largest_prefixes(m.limit, m.with_tokens)
 
     def _on_summarize(self, m: SummarizePrefixes) -> PrefixSummary:
         hashes, truncated = self.kv.tree.page_hash_summary(m.limit)

@@ -61,6 +61,7 @@ class KVManager:
             return 0
         # leave at least one token to compute: its logits give the next token
         pages, node = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1])
+        self.tree.record_hit(node)
         self.tree.lock(node)
         n = len(pages) * self.page_size
         req.tree_node, req.tree_len, req.kv_len, req.pages = node, n, n, pages

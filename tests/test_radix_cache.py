@@ -318,3 +318,85 @@ def test_evicting_a_page_does_not_walk_the_whole_tree(monkeypatch):
 
     monkeypatch.setattr(tree, "_nodes", walk)
     assert tree.evict(2) == oldest
+
+
+# ---- the cache view: longest prefixes and how often each was reused -------------------------------
+def hit(tree: RadixCache, tokens: list[int]) -> int:
+    """What KVManager does for a request about to run: match, count the hit; returns its length."""
+    pages, node = tree.match_prefix(tokens)
+    tree.record_hit(node)
+    return len(pages) * tree.page_size
+
+
+def test_largest_prefixes_are_listed_longest_first_with_their_length():
+    pool, tree = make()
+    insert_fresh(pool, tree, [1, 2, 3, 4, 5])
+    insert_fresh(pool, tree, [1, 2, 9])
+    assert [p.tokens for p in tree.largest_prefixes(10)] == [5, 3, 2]   # [1 2 3 4 5], [1 2 9], [1 2]
+
+
+def test_largest_prefixes_stop_at_the_limit():
+    pool, tree = make()
+    for first in range(5):
+        insert_fresh(pool, tree, [first, 1, 2])
+    assert len(tree.largest_prefixes(3)) == 3
+
+
+def test_a_hit_counts_for_every_prefix_the_request_reused():
+    pool, tree = make()
+    insert_fresh(pool, tree, [1, 2, 3, 4])
+    insert_fresh(pool, tree, [1, 2, 7, 8])
+    hit(tree, [1, 2, 3, 4, 5])
+    hit(tree, [1, 2, 6])
+    listed = {tuple(p.token_ids): p.hits for p in tree.largest_prefixes(10, with_tokens=True)}
+    assert listed == {(1, 2, 3, 4): 1, (1, 2, 7, 8): 0, (1, 2): 2}
+
+
+def test_prefix_token_ids_are_given_only_when_asked_for():
+    pool, tree = make()
+    insert_fresh(pool, tree, [5, 6, 7])
+    assert tree.largest_prefixes(1)[0].token_ids is None
+    assert tree.largest_prefixes(1, with_tokens=True)[0].token_ids == [5, 6, 7]
+
+
+def test_a_locked_prefix_is_shown_in_use():
+    pool, tree = make()
+    insert_fresh(pool, tree, [1, 2])
+    _, node = tree.match_prefix([1, 2])
+    tree.lock(node)
+    assert tree.largest_prefixes(1)[0].in_use
+    tree.unlock(node)
+    assert not tree.largest_prefixes(1)[0].in_use
+
+
+def test_evicting_a_reused_leaf_keeps_its_hits_on_the_prefix_left():
+    pool, tree = make()
+    insert_fresh(pool, tree, [1, 2, 3])
+    insert_fresh(pool, tree, [1, 2, 9])
+    hit(tree, [1, 2, 3])
+    tree.match_prefix([1, 2, 9])   # [1 2 3] is now the least recently used leaf
+    pool.free(tree.evict(1))
+    assert {p.tokens: p.hits for p in tree.largest_prefixes(10)} == {3: 0, 2: 1}
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompts=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=6), min_size=1, max_size=12),
+       page_size=st.sampled_from([1, 2]))
+def test_prefix_hits_match_a_naive_count_of_reused_prefixes(prompts, page_size):
+    """Each prompt is looked up (a hit where something matched), then cached, as requests are. A
+    cached prefix's hits are the lookups whose reused part contains it."""
+    pool, tree = make(page_size, pages=256)
+    reused: list[tuple] = []
+    for prompt in prompts:
+        n = hit(tree, prompt)
+        if n:
+            reused.append(tuple(prompt[:n]))
+        aligned = len(prompt) - len(prompt) % page_size
+        pool.free(insert_fresh(pool, tree, prompt[:aligned]).duplicates)
+    listed = tree.largest_prefixes(1000, with_tokens=True)
+    assert len(listed) == len(nodes(tree))
+    assert [p.tokens for p in listed] == sorted((p.tokens for p in listed), reverse=True)
+    for p in listed:
+        path = tuple(p.token_ids)
+        assert p.tokens == len(path) and path in cached(tree)
+        assert p.hits == sum(1 for r in reused if r[:len(path)] == path), path

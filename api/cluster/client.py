@@ -144,6 +144,10 @@ class RemoteEngine:
             prompt_tokens=sum(r.prompt_tokens for r in reports),
             generation_tokens=sum(r.generation_tokens for r in reports), preemptions=0)
 
+    def cached_prefixes(self, limit: int, with_tokens: bool = False) -> list:
+        """Each replica has its own tree, and the router sees only their page hashes: none listed."""
+        return []
+
     def shutdown(self) -> None:
         self._probe.cancel()
         self.abort_all()

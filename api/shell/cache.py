@@ -1,0 +1,84 @@
+"""`GET /v1/cache`: what the prefix cache holds now, for the web page's cache view and for people
+who would rather read JSON than /metrics: the KV pool by owner, the requests running and waiting,
+the hit ratio so far, and the longest cached prefixes with how often each was reused. Prompt text
+is private: prefixes are shown as token counts unless the server was started with
+`--ui-show-prefix-text`."""
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, Field
+
+from radixserve.api.state import ServerState, server_state
+
+DEFAULT_PREFIXES = 10
+MAX_PREFIXES = 100
+MAX_PREFIX_TEXT = 2000   # characters of a prefix's text shown (its end: where prefixes differ)
+
+router = APIRouter()
+
+
+class KVPages(BaseModel):
+    used: int = Field(description="held by running requests outside the tree")
+    cached: int = Field(description="owned by the radix tree")
+    free: int
+    usage: float = Field(description="share of the pool held by requests or the tree")
+
+
+class RequestCounts(BaseModel):
+    running: int
+    waiting: int
+
+
+class PrefixCacheTotals(BaseModel):
+    queried_tokens: int = Field(description="prompt tokens looked up in the cache since start-up")
+    hit_tokens: int = Field(description="of those, served from the cache")
+    hit_ratio: float
+    evicted_tokens: int
+
+
+class CachedPrefixView(BaseModel):
+    tokens: int
+    hits: int = Field(description="requests that reused at least this whole prefix")
+    in_use: bool = Field(description="a running request holds it")
+    text: Optional[str] = Field(default=None, description="its last characters; only with --ui-show-prefix-text")
+
+
+class CacheView(BaseModel):
+    object: str = "cache"
+    kv_pages: KVPages
+    requests: RequestCounts
+    prefix_cache: PrefixCacheTotals
+    prefixes: list[CachedPrefixView] = Field(description="the longest cached prefixes, longest first (none "
+                                                         "with --replicas: each replica has its own tree)")
+    prefix_text: bool = Field(description="whether prefixes carry their text")
+
+
+@router.get("/v1/cache", response_model=CacheView)
+async def cache_view(limit: int = Query(default=DEFAULT_PREFIXES, ge=0, le=MAX_PREFIXES),
+                     state: ServerState = Depends(server_state)) -> CacheView:
+    engine = state.require_engine()
+    show_text = state.show_prefix_text
+
+    def read() -> list[CachedPrefixView]:
+        views = []
+        for p in engine.cached_prefixes(limit, with_tokens=show_text):
+            text = None
+            if show_text:
+                text = engine.tokenizer.decode(p.token_ids, skip_special_tokens=False)[-MAX_PREFIX_TEXT:]
+            views.append(CachedPrefixView(tokens=p.tokens, hits=p.hits, in_use=p.in_use, text=text))
+        return views
+
+    prefixes = await asyncio.to_thread(read) if limit else []
+    s = engine.stats()
+    return CacheView(
+        kv_pages=KVPages(used=s.kv_pages_used, cached=s.kv_pages_cached, free=s.kv_pages_free,
+                         usage=s.kv_cache_usage),
+        requests=RequestCounts(running=s.num_running, waiting=s.num_waiting),
+        prefix_cache=PrefixCacheTotals(
+            queried_tokens=s.prefix_cache_queried_tokens, hit_tokens=s.prefix_cache_hit_tokens,
+            hit_ratio=s.prefix_cache_hit_tokens / s.prefix_cache_queried_tokens if s.prefix_cache_queried_tokens else 0.0,
+            evicted_tokens=s.evicted_tokens),
+        prefixes=prefixes, prefix_text=show_text)
