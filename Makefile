@@ -69,6 +69,11 @@ bench-real: bench-peers
 	$(PY) bench/make_gguf.py --shape 1b --quantize Q4_K_M Q8_0 Q4_1
 	HF_HUB_OFFLINE=1 $(PY) bench/real_models.py --models bench/models/llama-1b-Q4_K_M.gguf bench/models/llama-1b-Q8_0.gguf bench/models/llama-1b-Q4_1.gguf
 
+# The page at / in headless Chromium: load time, first token on the page against the API's own TTFT,
+# console errors, outside requests; screenshots for the README (~2 minutes).
+bench-ui: setup chromium
+	HF_HUB_OFFLINE=1 $(PY) bench/ui_page.py
+
 # On a CUDA machine, with any python that has CUDA torch, triton and transformers (PYTHON=...):
 # Triton kernels vs references, decode-attention roofline, decode / prefill throughput, and the
 # engine end to end on CUDA against a CPU engine, OpenAI server included (< 8 min; report in

@@ -109,7 +109,7 @@ async function runTurn(input) {
   busy(false);
   if (api === "responses" && turn.node.dataset.state === "done") convo.previousResponseId = turn.responseId;
   if (api === "chat" && turn.node.dataset.state !== "error") convo.messages.push(turn.asChatMessage());
-  if (turn.node.dataset.state === "done" && turn.calls.length) askToolResults(turn);
+  if (turn.node.dataset.state === "done" && turn.finish === "tool_calls") askToolResults(turn);
 }
 
 async function send() {

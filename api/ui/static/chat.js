@@ -178,10 +178,11 @@ export class Turn {
     this.node.insertBefore(badge, this.stats);
   }
 
-  // The assistant message as chat history.
+  // The assistant message as chat history; calls cut short (max tokens, stop) have no valid
+  // arguments and are left out.
   asChatMessage() {
     const m = { role: "assistant", content: this.text || null };
-    if (this.calls.length) {
+    if (this.finish === "tool_calls") {
       m.tool_calls = this.calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.args } }));
     }
     return m;
