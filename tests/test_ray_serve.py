@@ -149,6 +149,16 @@ def test_metrics_show_each_replicas_load_and_the_cluster_hit_ratio(cluster):
     assert 0.0 < cluster.metric("radixserve_cluster_prefix_hit_ratio")[""] <= 1.0
 
 
+def test_the_cache_view_sums_the_replicas_pools_and_lists_no_prefixes(cluster):
+    chat(cluster, [{"role": "user", "content": "Hello there"}], max_tokens=2)
+    time.sleep(2.5)  # a report period or two
+    view = httpx.get(cluster.url + "/v1/cache", timeout=30).json()
+    pages = view["kv_pages"]
+    assert pages["used"] + pages["cached"] + pages["free"] == 2 * 4096 // 16   # two pools of 4096 tokens
+    assert pages["cached"] > 0
+    assert view["prefixes"] == []   # each replica has its own tree
+
+
 def test_a_client_that_disconnects_mid_stream_frees_its_replica(cluster):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story."}],
             "max_tokens": 3000, "ignore_eos": True, "stream": True}

@@ -67,7 +67,8 @@ class EngineReplica:
             num_running=s.num_running, num_waiting=s.num_waiting, kv_usage=s.kv_cache_usage,
             kv_capacity_tokens=self.engine.kv_capacity_tokens, prefix_hit_tokens=s.prefix_cache_hit_tokens,
             prefix_queried_tokens=s.prefix_cache_queried_tokens, prompt_tokens=s.prompt_tokens,
-            generation_tokens=s.generation_tokens).to_stats()
+            generation_tokens=s.generation_tokens, kv_pages_used=s.kv_pages_used, kv_pages_cached=s.kv_pages_cached,
+            kv_pages_free=s.kv_pages_free).to_stats()
 
     def health(self) -> EngineHealth:
         return self.engine.health()

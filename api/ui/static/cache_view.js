@@ -9,26 +9,27 @@ const $ = (id) => document.getElementById(id);
 
 export class CacheView {
   constructor() {
-    this.samples = [];   // {used, cached, free} shares of the pool
+    this.samples = [];   // {used, cached} pages, one per poll
     this.timer = null;
   }
 
   start() {
-    if (!this.timer) this.poll();
+    if (!this.timer) this.timer = setTimeout(() => this.poll(), 0);
   }
 
+  // The next poll is set once this one has its answer: a slow answer (the engine busy with a long
+  // step) delays the view rather than piling requests up.
   async poll() {
-    this.timer = setTimeout(() => this.poll(), PERIOD_MS);
-    let view;
+    let view = null;
     try {
       view = await getJSON("/v1/cache?limit=8");
+      $("cache-status").textContent = "";
     } catch (e) {
       $("cache-status").textContent = e instanceof ApiError ? e.message : "server unreachable";
-      if (e instanceof ApiError && e.status === 401) { clearTimeout(this.timer); this.timer = null; }
-      return;
+      if (e instanceof ApiError && e.status === 401) { this.timer = null; return; }   // started again with a key
     }
-    $("cache-status").textContent = "";
-    this.show(view);
+    if (view) this.show(view);
+    this.timer = setTimeout(() => this.poll(), PERIOD_MS);
   }
 
   show(view) {
