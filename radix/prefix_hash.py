@@ -5,11 +5,20 @@ processes and machines (blake2b, not Python's salted `hash`)."""
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 ROOT_HASH = 0  # the empty prefix
+
+
+def root_hash(salt: Optional[str]) -> int:
+    """The hash before a prompt's first page: ROOT_HASH for the shared tree, else one per cache
+    salt, so that no page hash of one tenant's prompts equals another's."""
+    if salt is None:
+        return ROOT_HASH
+    digest = hashlib.blake2b(salt.encode(), digest_size=8, person=b"cache_salt").digest()
+    return int.from_bytes(digest, "little") or 1
 
 
 def page_hashes(tokens: Sequence[int], page_size: int, parent: int = ROOT_HASH) -> list[int]:

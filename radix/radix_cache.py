@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
-from radixserve.radix.prefix_hash import ROOT_HASH, page_hashes
+from radixserve.radix.prefix_hash import page_hashes, root_hash
 
 
 @dataclass(eq=False)
@@ -27,6 +27,7 @@ class TreeNode:
     children: dict = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    salt: Optional[str] = None   # the tenant (`cache_salt`) whose subtree this is; None: shared
     hits: int = 0   # requests whose reused prefix ended here (`record_hit`); a subtree's sum counts its path
     # chained hashes of the path's prefixes ending at each of this edge's pages, computed on first
     # summary; a split keeps them valid (a prefix's hash does not depend on where edges are cut)
@@ -116,13 +117,22 @@ class RadixCache:
     def _child_key(self, tokens: list[int]):
         return tokens[0] if self.page_size == 1 else tuple(tokens[: self.page_size])
 
-    def match_prefix(self, tokens: list[int]) -> tuple[list[int], TreeNode]:
-        """Pages of the longest cached page-aligned prefix of `tokens`, and its last node."""
+    def _key(self, node: TreeNode, tokens: list[int], salt: Optional[str]):
+        """The key of `node`'s child on `tokens`: under the root a salted prompt's first page is keyed
+        with its salt, so tenants' subtrees never meet (no salt: the shared tree, keyed as before)."""
+        key = self._child_key(tokens)
+        return (salt, key) if salt is not None and node is self.root else key
+
+    def _key_of(self, node: TreeNode):
+        return self._key(node.parent, node.key, node.salt)
+
+    def match_prefix(self, tokens: list[int], salt: Optional[str] = None) -> tuple[list[int], TreeNode]:
+        """Pages of the longest cached page-aligned prefix of `tokens` (in `salt`'s tree), and its last node."""
         tokens = tokens[: len(tokens) - len(tokens) % self.page_size]
         node, pages, now = self.root, [], next(self._clock)
         node.last_access = now
         while tokens:
-            child = node.children.get(self._child_key(tokens))
+            child = node.children.get(self._key(node, tokens, salt))
             if child is None:
                 break
             child.last_access = now
@@ -135,7 +145,7 @@ class RadixCache:
         self._offer(node)   # its access time moved
         return pages, node
 
-    def match_length(self, tokens: list[int], limit: int) -> tuple[int, TreeNode]:
+    def match_length(self, tokens: list[int], limit: int, salt: Optional[str] = None) -> tuple[int, TreeNode]:
         """Cached page-aligned prefix length of `tokens[:limit]` and the deepest node it reaches.
 
         A read-only `match_prefix` for ordering the waiting queue: it neither splits edges nor
@@ -146,8 +156,7 @@ class RadixCache:
         limit -= limit % self.page_size
         node, i = self.root, 0
         while i < limit:
-            key = tokens[i] if self.page_size == 1 else tuple(tokens[i:i + self.page_size])
-            child = node.children.get(key)
+            child = node.children.get(self._key(node, tokens[i:i + self.page_size], salt))
             if child is None:
                 break
             n = common_prefix_len(child.key, tokens[i:min(i + len(child.key), limit)], self.page_size)
@@ -200,12 +209,12 @@ class RadixCache:
     def _hashes(self, node: TreeNode) -> list[int]:
         if node.hashes is None:
             parent = node.parent
-            start = ROOT_HASH if parent is self.root else self._hashes(parent)[-1]
+            start = root_hash(node.salt) if parent is self.root else self._hashes(parent)[-1]
             node.hashes = page_hashes(node.key, self.page_size, start)
         return node.hashes
 
     # ---- updates -------------------------------------------------------
-    def insert(self, tokens: list[int], pages: list[int]) -> InsertResult:
+    def insert(self, tokens: list[int], pages: list[int], salt: Optional[str] = None) -> InsertResult:
         """Cache the whole pages of `tokens`, one id in `pages` per page; the tree takes the new ones.
 
         Where a page is already cached under a different id, the caller's page is a
@@ -220,10 +229,10 @@ class RadixCache:
         node.last_access = now
         duplicates: list[int] = []
         while tokens:
-            child = node.children.get(self._child_key(tokens))
+            child = node.children.get(self._key(node, tokens, salt))
             if child is None:
-                leaf = TreeNode(key=list(tokens), pages=list(pages), parent=node, last_access=now)
-                node.children[self._child_key(tokens)] = leaf
+                leaf = TreeNode(key=list(tokens), pages=list(pages), parent=node, last_access=now, salt=salt)
+                node.children[self._key_of(leaf)] = leaf
                 self.evictable_size += len(tokens)
                 self.num_nodes += 1
                 node = leaf
@@ -244,10 +253,10 @@ class RadixCache:
         """Cut `child`'s edge after `n` tokens (whole pages); return the new upper node."""
         k = n // self.page_size
         parent = child.parent
-        upper = TreeNode(key=child.key[:n], pages=child.pages[:k], parent=parent,
+        upper = TreeNode(key=child.key[:n], pages=child.pages[:k], parent=parent, salt=child.salt,
                          lock_ref=child.lock_ref, last_access=child.last_access,
                          hashes=None if child.hashes is None else child.hashes[:k])
-        parent.children[self._child_key(upper.key)] = upper
+        parent.children[self._key_of(upper)] = upper
         child.key, child.pages, child.parent = child.key[n:], child.pages[k:], upper
         child.hashes = None if child.hashes is None else child.hashes[k:]
         upper.children[self._child_key(child.key)] = child
@@ -293,7 +302,7 @@ class RadixCache:
             self.evictable_size -= len(leaf.key)
             self.num_nodes -= 1
             parent = leaf.parent
-            del parent.children[self._child_key(leaf.key)]
+            del parent.children[self._key_of(leaf)]
             if parent is not self.root:   # those requests reused the parent's prefix too
                 parent.hits += leaf.hits
             leaf.parent = None   # detached: its stale heap entries are skipped

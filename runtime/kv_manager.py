@@ -60,7 +60,7 @@ class KVManager:
         if not self.radix_enabled:
             return 0
         # leave at least one token to compute: its logits give the next token
-        pages, node = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1])
+        pages, node = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1], req.params.cache_salt)
         self.tree.record_hit(node)
         self.tree.lock(node)
         n = len(pages) * self.page_size
@@ -102,8 +102,9 @@ class KVManager:
             return
         k = n // self.page_size
         # pages another request cached first are copies: read the tree's instead
-        self.pool.free(self.tree.insert(req.token_ids[:n], req.pages[:k]).duplicates)
-        tree_pages, node = self.tree.match_prefix(req.token_ids[:n])
+        salt = req.params.cache_salt
+        self.pool.free(self.tree.insert(req.token_ids[:n], req.pages[:k], salt).duplicates)
+        tree_pages, node = self.tree.match_prefix(req.token_ids[:n], salt)
         if tree_pages != req.pages[:k]:
             req.pages[:k] = tree_pages
             self.table.write(req.page_row, 0, tree_pages)

@@ -39,7 +39,8 @@ class PrefixSharing:
         if not self._leaders or req.held_steps >= self.max_hold_steps:
             return False
         limit = req.num_tokens - 1
-        shared = max(common_prefix_len(req.token_ids[:limit], leader.token_ids, self.page_size)
-                     for leader in self._leaders)
+        salt = req.params.cache_salt   # another tenant's prefill is never this request's cache
+        shared = max((common_prefix_len(req.token_ids[:limit], leader.token_ids, self.page_size)
+                      for leader in self._leaders if leader.params.cache_salt == salt), default=0)
         # cheap test first: most requests share at most a chat-template header with the leaders
         return shared >= self.min_shared_tokens and shared - cached_len(tree, req) >= self.min_shared_tokens

@@ -8,11 +8,11 @@ from radixserve.grammar.spec import GrammarSpec
 from radixserve.runtime.engine_client import EngineRefusal, RefusalKind
 
 MAX_TOP_LOGPROBS = 20
+MAX_CACHE_SALT = 256
 
 
 # as vLLM: below this temperature a request is greedy
 GREEDY_BELOW_TEMPERATURE = 1e-5
-
 
 @dataclass
 class SamplingParams:
@@ -33,6 +33,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     constraint: Optional[GrammarSpec] = None  # structured output: the text must follow this grammar
     priority: int = 0                    # lower is admitted first under --schedule-policy priority
+    # the tenant's prefix cache: requests share cached prefixes only with requests of the same salt
+    # (None: the shared cache). Not a sampling setting, but one request's, like priority.
+    cache_salt: Optional[str] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -83,5 +86,8 @@ class SamplingParams:
                 fail("stop_token_ids", f"{t!r} is not a token id of this model")
         if not is_int(self.priority):
             fail("priority", f"must be an integer, got {self.priority!r}")
+        if self.cache_salt is not None and not (isinstance(self.cache_salt, str)
+                                                and 0 < len(self.cache_salt) <= MAX_CACHE_SALT):
+            fail("cache_salt", f"must be a non-empty string of at most {MAX_CACHE_SALT} characters")
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")

@@ -40,7 +40,7 @@ class SchedulePolicy(Protocol):
 
 def cached_len(tree: RadixCache, req: Request) -> int:
     """Tokens of `req` the tree could serve (at least one is always left to compute)."""
-    return tree.match_length(req.token_ids, req.num_tokens - 1)[0]
+    return tree.match_length(req.token_ids, req.num_tokens - 1, req.params.cache_salt)[0]
 
 
 class FCFSPolicy:
@@ -112,7 +112,7 @@ class DFSWeightPolicy(_CacheAwarePolicy):
     def _order_by_cache(self, reqs: list[Request], tree: RadixCache) -> list[Request]:
         at_node: dict[TreeNode, list[Request]] = defaultdict(list)
         for r in reqs:
-            at_node[tree.match_length(r.token_ids, r.num_tokens - 1)[1]].append(r)
+            at_node[tree.match_length(r.token_ids, r.num_tokens - 1, r.params.cache_salt)[1]].append(r)
         weight: dict[TreeNode, int] = defaultdict(int)
         for node, here in at_node.items():
             while node is not None:

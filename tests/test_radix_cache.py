@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.radix import KVPagePool, RadixCache, TreeNode
-from radixserve.radix.prefix_hash import page_hashes
+from radixserve.radix.prefix_hash import page_hashes, root_hash
 
 
 def make(page_size=1, pages=64):
@@ -32,17 +32,19 @@ def nodes(tree: RadixCache) -> list[TreeNode]:
     return out
 
 
-def cached(tree: RadixCache) -> dict[tuple, int]:
-    """Every cached page-aligned prefix -> the id of its last page, read without touching LRU times."""
+def cached(tree: RadixCache, salted: bool = False) -> dict[tuple, int]:
+    """Every cached page-aligned prefix -> the id of its last page, read without touching LRU times;
+    `salted`: keys are (salt, *tokens)."""
     p, out = tree.page_size, {}
     stack: list[tuple[TreeNode, tuple]] = [(tree.root, ())]
     while stack:
         node, prefix = stack.pop()
         for child in node.children.values():
             assert len(child.pages) * p == len(child.key)
+            start = (child.salt,) if salted and node is tree.root else prefix
             for i, page in enumerate(child.pages):
-                out[prefix + tuple(child.key[: (i + 1) * p])] = page
-            stack.append((child, prefix + tuple(child.key)))
+                out[start + tuple(child.key[: (i + 1) * p])] = page
+            stack.append((child, start + tuple(child.key)))
     return out
 
 
@@ -179,6 +181,7 @@ def test_the_tree_never_calls_the_pool():
 
 @dataclass
 class FakeRequest:
+    salt: object
     tokens: list[int]    # page-aligned
     node: TreeNode
     matched: list[int]   # the tree's pages it reads (locked)
@@ -188,7 +191,8 @@ class FakeRequest:
 ops = st.lists(
     st.tuples(st.sampled_from(["insert", "match", "start", "finish", "abort", "evict"]),
               st.lists(st.integers(0, 3), min_size=0, max_size=12),
-              st.integers(0, 20)),
+              st.integers(0, 20),
+              st.sampled_from([None, None, "a", "b"])),   # the request's cache salt (None: shared)
     max_size=40)
 
 
@@ -197,7 +201,7 @@ ops = st.lists(
 def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size, num_pages):
     p = page_size
     pool, tree = make(page_size=p, pages=num_pages)
-    reference: dict[tuple, int] = {}     # cached page-aligned prefix -> its last page
+    reference: dict[tuple, int] = {}     # (salt, *cached page-aligned prefix) -> its last page
     running: list[FakeRequest] = []
 
     def evict(n_tokens: int) -> None:
@@ -209,7 +213,7 @@ def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size
         left = [node.last_access for node in nodes(tree) if not node.children and node.lock_ref == 0]
         assert not dropped or not left or max(access[q] for q in dropped) <= min(left)
         assert pool.num_free == free_before  # the tree freed nothing itself
-        after = cached(tree)
+        after = cached(tree, salted=True)
         gone = {k: v for k, v in reference.items() if k not in after}
         assert all(reference.get(k) == v for k, v in after.items())   # eviction only removes
         assert sorted(dropped) == sorted(gone.values())
@@ -223,74 +227,76 @@ def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size
             evict((n - pool.num_free) * p)
         return pool.alloc(n) if pool.num_free >= n else None
 
-    def insert(tokens: list[int], pages: list[int]) -> None:
+    def insert(salt, tokens: list[int], pages: list[int]) -> None:
         expected_present, expected_dups = 0, []
         for i, page in enumerate(pages):
-            key = tuple(tokens[: (i + 1) * p])
+            key = (salt, *tokens[: (i + 1) * p])
             if key in reference:
                 expected_present += p
                 if reference[key] != page:
                     expected_dups.append(page)
             else:
                 reference[key] = page
-        result = tree.insert(tokens, pages)
+        result = tree.insert(tokens, pages, salt)
         assert (result.present, result.duplicates) == (expected_present, expected_dups)
         pool.free(result.duplicates)     # the test, not the tree, frees them
 
-    def longest_cached(tokens: list[int]) -> list[int]:
+    def longest_cached(salt, tokens: list[int]) -> list[int]:
         pages = []
         for end in range(p, len(tokens) + 1, p):
-            if tuple(tokens[:end]) not in reference:
+            if (salt, *tokens[:end]) not in reference:
                 break
-            pages.append(reference[tuple(tokens[:end])])
+            pages.append(reference[(salt, *tokens[:end])])
         return pages
 
     def check_summary(limit: int) -> None:
         """The page hashes a replica reports name exactly the cached prefixes; cut short, they are
         still closed under taking prefixes (a router matching page by page never skips a gap)."""
         hashes, truncated = tree.page_hash_summary(limit)
-        named = {page_hashes(list(k), p)[-1]: k for k in reference}
+        named = {page_hashes(list(k[1:]), p, root_hash(k[0]))[-1]: k for k in reference}
         if not truncated:
             assert sorted(hashes) == sorted(named)
         assert len(hashes) <= limit and set(hashes) <= set(named)
         for h in hashes:
             key = named[h]
-            assert all(page_hashes(list(key[:end]), p)[-1] in set(hashes) for end in range(p, len(key), p))
+            salt, tokens = key[0], list(key[1:])
+            assert all(page_hashes(tokens[:end], p, root_hash(salt))[-1] in set(hashes) for end in range(p, len(tokens), p))
 
-    for op, tokens, n in ops:
+    for op, tokens, n, salt in ops:
         aligned = tokens[: len(tokens) - len(tokens) % p]
         if op == "insert":
             pages = alloc(len(aligned) // p)
             if pages is not None:
-                insert(aligned, pages)
+                insert(salt, aligned, pages)
         elif op == "match":
-            assert tree.match_prefix(tokens)[0] == longest_cached(tokens)
+            assert tree.match_prefix(tokens, salt)[0] == longest_cached(salt, tokens)
+            assert tree.match_length(tokens, len(tokens), salt)[0] == len(longest_cached(salt, tokens)) * p
             check_summary(limit=n)
         elif op == "start":
-            matched, node = tree.match_prefix(aligned)
-            assert matched == longest_cached(aligned)
+            matched, node = tree.match_prefix(aligned, salt)
+            assert matched == longest_cached(salt, aligned)
             tree.lock(node)
             own = alloc(len(aligned) // p - len(matched))
             if own is None:
                 tree.unlock(node)
             else:
-                running.append(FakeRequest(aligned, node, matched, own))
+                running.append(FakeRequest(salt, aligned, node, matched, own))
         elif op in ("finish", "abort") and running:
             req = running.pop(n % len(running))
             if op == "finish":
-                insert(req.tokens, req.matched + req.own)
+                insert(req.salt, req.tokens, req.matched + req.own)
             else:
                 pool.free(req.own)
             tree.unlock(req.node)
         elif op == "evict":
             evict(n)
 
-        assert cached(tree) == reference
+        assert cached(tree, salted=True) == reference
         check_summary(limit=10**6)
         assert tree.total_size == len(reference) * p
         assert tree.evictable_size + tree.protected_size == tree.total_size
         for req in running:              # locked paths survive every eviction
-            assert longest_cached(req.tokens)[: len(req.matched)] == req.matched
+            assert longest_cached(req.salt, req.tokens)[: len(req.matched)] == req.matched
         # every page is in exactly one place: free, owned by the tree, or held by one request
         free = pool.alloc(pool.num_free)
         pool.free(free)
@@ -400,3 +406,39 @@ def test_prefix_hits_match_a_naive_count_of_reused_prefixes(prompts, page_size):
         path = tuple(p.token_ids)
         assert p.tokens == len(path) and path in cached(tree)
         assert p.hits == sum(1 for r in reused if r[:len(path)] == path), path
+
+
+# ---- tenants: a cache salt keys a prompt's first page, so salted subtrees never meet --------------
+def test_a_salted_prefix_is_found_only_with_the_same_salt():
+    pool, tree = make()
+    tree.insert([1, 2, 3], pool.alloc(3), salt="a")
+    assert len(tree.match_prefix([1, 2, 3], salt="a")[0]) == 3
+    assert tree.match_prefix([1, 2, 3], salt="b")[0] == []
+    assert tree.match_prefix([1, 2, 3])[0] == []                       # nor by unsalted requests
+    assert tree.match_length([1, 2, 3], 3, salt="b")[0] == 0
+
+
+def test_the_same_tokens_under_two_salts_keep_two_copies():
+    pool, tree = make()
+    a, b = pool.alloc(2), pool.alloc(2)
+    assert tree.insert([1, 2], a, salt="a").duplicates == []
+    assert tree.insert([1, 2], b, salt="b").duplicates == []            # not a duplicate: another tenant
+    assert tree.match_prefix([1, 2], salt="a")[0] == a and tree.match_prefix([1, 2], salt="b")[0] == b
+
+
+def test_salted_page_hashes_differ_from_the_shared_trees():
+    pool, tree = make(page_size=2)
+    tree.insert([1, 2, 3, 4], pool.alloc(2))
+    tree.insert([1, 2, 3, 4], pool.alloc(2), salt="a")
+    hashes, _ = tree.page_hash_summary(100)
+    assert len(set(hashes)) == 4
+    assert set(page_hashes([1, 2, 3, 4], 2)) < set(hashes)
+
+
+def test_splitting_and_evicting_a_salted_edge_keep_it_in_its_tenants_tree():
+    pool, tree = make()
+    tree.insert([1, 2, 3], pool.alloc(3), salt="a")
+    assert len(tree.match_prefix([1, 2, 9], salt="a")[0]) == 2           # splits [1 2 3] under the salt
+    assert tree.match_prefix([1, 2], salt="b")[0] == []
+    pool.free(tree.evict(100))
+    assert tree.total_size == 0 and pool.num_free == pool.num_pages

@@ -17,7 +17,7 @@ from ray.exceptions import RayError, TaskCancelledError
 
 from radixserve.api.cluster.protocol import Accepted, EngineCall, Refused, ReplicaInfo
 from radixserve.api.cluster.view import CLUSTER
-from radixserve.radix.prefix_hash import page_hashes
+from radixserve.radix.prefix_hash import page_hashes, root_hash
 from radixserve.runtime.admission import Admission
 from radixserve.runtime.engine_client import EngineHealth, EngineRefusal, EngineStats, RefusalKind
 from radixserve.runtime.models.loader import ModelFiles
@@ -98,7 +98,7 @@ class RemoteEngine:
         rid = request_id or f"req-{time.monotonic_ns()}"
         text = (prompt if isinstance(prompt, str) else self.tokenizer.decode(ids, skip_special_tokens=False)
                 ) if self._send_text else ""
-        call = EngineCall(rid, ids, params, page_hashes(ids, self.page_size), prompt=text)
+        call = EngineCall(rid, ids, params, page_hashes(ids, self.page_size, root_hash(params.cache_salt)), prompt=text)
         responses = self._handle.generate.remote(call)
         self._live[rid] = responses
         try:

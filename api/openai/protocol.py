@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from radixserve.runtime.sampling_params import MAX_CACHE_SALT
+
 MAX_N = 128
 MAX_TOP_LOGPROBS = 20
 MAX_TEMPERATURE = 100.0       # SamplingParams.validate's ceilings
@@ -215,6 +217,14 @@ class StructuredOutputs(_Strict):
     structural_tag: Optional[Union[dict[str, Any], str]] = None
 
 
+# Requests share cached prefixes only with requests of the same salt (vLLM's `cache_salt`).
+CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT)]
+# OpenAI's: a name for requests that share a prefix (accepted; this server matches prefixes by
+# their tokens anyway), and how long a cached prefix is kept: in memory, LRU (`24h` needs a disk tier).
+PromptCacheKey = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT)]
+PromptCacheRetention = Literal["in_memory"]
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -245,6 +255,10 @@ class GenerationRequest(_Strict):
     stop_token_ids: Optional[list[TokenId]] = None
     skip_special_tokens: bool = True
     priority: Optional[Int] = None
+    # prefix cache controls: vLLM's tenant salt, OpenAI's routing key and retention
+    cache_salt: Optional[CacheSalt] = None
+    prompt_cache_key: Optional[PromptCacheKey] = None
+    prompt_cache_retention: Optional[PromptCacheRetention] = None
     # structured output, every spelling clients use (at most one per request)
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None

@@ -32,6 +32,7 @@ def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: Optional[
         skip_special_tokens=req.skip_special_tokens,
         constraint=constraint,
         priority=given(req.priority, 0),   # lower first, under --schedule-policy priority
+        cache_salt=req.cache_salt,
     )
 
 

@@ -12,8 +12,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
-from radixserve.api.openai.protocol import (MAX_STOP_STRINGS, MAX_TEMPERATURE, FunctionDefinition, Int, JsonSchema,
-                                     StopString, TokenBudget, _Strict, schema_only)
+from radixserve.api.openai.protocol import (MAX_STOP_STRINGS, MAX_TEMPERATURE, CacheSalt, FunctionDefinition, Int,
+                                     JsonSchema, PromptCacheKey, PromptCacheRetention, StopString, TokenBudget,
+                                     _Strict, schema_only)
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 JsonText = Annotated[str, schema_only(contentMediaType="application/json")]
@@ -175,6 +176,9 @@ class ResponsesRequest(_Strict):
     text: Optional[TextConfig] = None
     metadata: Optional[dict[str, str]] = None
     user: Optional[str] = None
+    cache_salt: Optional[CacheSalt] = None
+    prompt_cache_key: Optional[PromptCacheKey] = None
+    prompt_cache_retention: Optional[PromptCacheRetention] = None
     # Extra output this server cannot add (logprobs, encrypted reasoning...); clients such as the
     # Agents SDK always send the field, mostly empty.
     include: Optional[Annotated[list[str], schema_only(maxItems=0)]] = None

@@ -1,0 +1,85 @@
+"""Tenant isolation in the prefix cache: `cache_salt` (vLLM's field) on chat, completions and
+Responses. Requests share cached prefixes only with requests of the same salt; no salt is the
+shared cache. OpenAI's `prompt_cache_key` and `prompt_cache_retention: in_memory` are accepted."""
+import uuid
+
+import httpx
+import pytest
+
+
+def long_prompt(tag: str) -> str:
+    """A prompt no other test sends, several pages long."""
+    return f"[{tag} {uuid.uuid4().hex}] " + "You are a careful assistant for a shipping company. " * 12
+
+
+def chat_cached(api, system: str, **extra) -> int:
+    r = httpx.post(api.base_url + "/chat/completions", timeout=120, json={
+        "model": api.model, "max_tokens": 1, "temperature": 0,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}], **extra})
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_another_salt_gets_no_cached_tokens_on_an_identical_prompt(api):
+    system = long_prompt("salt")
+    chat_cached(api, system, cache_salt="tenant-a")
+    assert chat_cached(api, system, cache_salt="tenant-b") == 0
+
+
+def test_the_same_salt_hits(api):
+    system = long_prompt("salt")
+    chat_cached(api, system, cache_salt="tenant-a")
+    assert chat_cached(api, system, cache_salt="tenant-a") >= 64
+
+
+def test_unsalted_and_salted_requests_never_share(api):
+    shared, salted = long_prompt("shared"), long_prompt("salted")
+    chat_cached(api, shared)
+    assert chat_cached(api, shared, cache_salt="tenant-a") == 0
+    chat_cached(api, salted, cache_salt="tenant-a")
+    assert chat_cached(api, salted) == 0
+
+
+def test_completions_take_the_salt(api):
+    prompt = long_prompt("completions")
+
+    def cached(salt: str) -> int:
+        r = httpx.post(api.base_url + "/completions", timeout=120, json={
+            "model": api.model, "prompt": prompt, "max_tokens": 1, "cache_salt": salt})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cached("a")
+    assert cached("b") == 0 and cached("a") >= 64
+
+
+def test_responses_take_the_salt(api):
+    instructions = long_prompt("responses")
+
+    def cached(salt: str) -> int:
+        r = httpx.post(api.base_url + "/responses", timeout=120, json={
+            "model": api.model, "instructions": instructions, "input": "Hi", "max_output_tokens": 1,
+            "cache_salt": salt})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["input_tokens_details"]["cached_tokens"]
+
+    cached("a")
+    assert cached("b") == 0 and cached("a") >= 64
+
+
+@pytest.mark.parametrize("salt", ["", "x" * 257, 7])
+def test_a_bad_salt_is_a_400_naming_cache_salt(api, salt):
+    r = httpx.post(api.base_url + "/chat/completions", timeout=60, json={
+        "model": api.model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}], "cache_salt": salt})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text
+
+
+def test_openai_cache_controls_are_accepted(api):
+    assert chat_cached(api, long_prompt("key"), prompt_cache_key="agent-1", prompt_cache_retention="in_memory") == 0
+
+
+def test_a_retention_this_server_cannot_keep_is_refused(api):
+    r = httpx.post(api.base_url + "/chat/completions", timeout=60, json={
+        "model": api.model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
+        "prompt_cache_retention": "24h"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_cache_retention", r.text
