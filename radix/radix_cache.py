@@ -309,6 +309,21 @@ class RadixCache:
             self._offer(parent)
         return dropped
 
+    def drop_unused(self, salt: Optional[str] = None, every_salt: bool = True) -> list[int]:
+        """Drop every cached prefix no request holds, of all trees or only of `salt`'s (None: the
+        shared one), and return their pages; prefixes in use stay."""
+        order = list(self._nodes())   # pre-order: a node's children come after it
+        dropped: list[int] = []
+        for node in reversed(order):
+            if node.children or node.lock_ref or not (every_salt or node.salt == salt):
+                continue
+            dropped.extend(node.pages)
+            self.evictable_size -= len(node.key)
+            self.num_nodes -= 1
+            del node.parent.children[self._key_of(node)]
+            node.parent = None   # detached: its heap entries are skipped
+        return dropped
+
     def reset(self) -> list[int]:
         """Drop every cached prefix and return all its pages; no node may be locked."""
         if self.protected_size:

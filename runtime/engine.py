@@ -21,7 +21,7 @@ from radixserve.runtime.detokenizer import IncrementalDetokenizer
 from radixserve.runtime.engine_client import (EngineHealth, EngineRefusal, EngineStats, Prompt, PrefixSummary,
                                               RefusalKind)
 from radixserve.runtime.engine_loop import (Abort, AddRequest, CheckPages, EngineLoop, FlushCache, LiveRequests,
-                                            ListPrefixes, LoopParts, SummarizePrefixes, stopped)
+                                            DropPrefixes, ListPrefixes, LoopParts, SummarizePrefixes, stopped)
 from radixserve.runtime.kv_cache import KVCache, kv_cache_tokens
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
@@ -184,6 +184,11 @@ class Engine:
     def cached_prefixes(self, limit: int, with_tokens: bool = False) -> list[CachedPrefix]:
         """The `limit` longest prefixes the radix tree holds, read by the loop between steps."""
         return self.loop.call(ListPrefixes(limit, with_tokens))
+
+    def drop_prefixes(self, salt: Optional[str] = None, every_salt: bool = True) -> int:
+        """Drop the cached prefixes no request holds (all, or one cache salt's); returns the tokens
+        dropped. Prefixes running requests read stay."""
+        return self.loop.call(DropPrefixes(salt, every_salt))
 
     def flush_cache(self) -> None:
         """Drop all cached prefixes once the engine is idle (blocks until the loop has answered)."""

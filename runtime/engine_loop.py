@@ -92,6 +92,14 @@ class ListPrefixes:
 
 
 @dataclass(frozen=True)
+class DropPrefixes:
+    """Drop the cached prefixes no request holds: of every tenant, or only of `salt`'s."""
+    salt: Optional[str] = None
+    every_salt: bool = True
+    reply: Reply = field(default_factory=Reply)
+
+
+@dataclass(frozen=True)
 class Stop:
     """Wake the loop to see that it must end."""
 
@@ -160,7 +168,7 @@ class EngineLoop:
         self._handlers: dict[type, Callable[[Any], Any]] = {
             AddRequest: self._on_add, Abort: self._on_abort,
             FlushCache: self._on_flush, CheckPages: self._on_check_pages, SummarizePrefixes: self._on_summarize,
-            ListPrefixes: self._on_list_prefixes,
+            ListPrefixes: self._on_list_prefixes, DropPrefixes: self._on_drop_prefixes,
         }
 
     def start(self, build: Callable[[], LoopParts]) -> LoopParts:
@@ -382,6 +390,9 @@ class EngineLoop:
 
     def _on_list_prefixes(self, m: ListPrefixes) -> list[CachedPrefix]:
         return self.kv.tree.largest_prefixes(m.limit, m.with_tokens)
+
+    def _on_drop_prefixes(self, m: DropPrefixes) -> int:
+        return self.kv.drop_unused(m.salt, m.every_salt)
 
     def _on_summarize(self, m: SummarizePrefixes) -> PrefixSummary:
         hashes, truncated = self.kv.tree.page_hash_summary(m.limit)

@@ -6,6 +6,8 @@ never frees, it returns the pages it drops or declines and they are freed here.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from radixserve.radix import KVPagePool, RadixCache, RequestPageTable
 from radixserve.radix.page_pool import OutOfPagesError
 from radixserve.runtime.request import Request
@@ -124,6 +126,12 @@ class KVManager:
             self.tree.unlock(req.tree_node)
         self.table.free_row(req.page_row)
         req.pages, req.tree_node, req.tree_len, req.kv_len, req.page_row = [], None, 0, 0, -1
+
+    def drop_unused(self, salt: Optional[str] = None, every_salt: bool = True) -> int:
+        """Drop the cached prefixes no request holds (all, or one salt's); returns the tokens dropped."""
+        pages = self.tree.drop_unused(salt, every_salt)
+        self.pool.free(pages)
+        return len(pages) * self.page_size
 
     def flush(self) -> None:
         """Drop all cached prefixes (only when no request holds any)."""

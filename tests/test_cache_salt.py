@@ -83,3 +83,22 @@ def test_a_retention_this_server_cannot_keep_is_refused(api):
         "model": api.model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}],
         "prompt_cache_retention": "24h"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_cache_retention", r.text
+
+
+def test_deleting_one_salts_cache_leaves_the_other_tenants(api):
+    system = long_prompt("delete")
+    chat_cached(api, system, cache_salt="tenant-a")
+    chat_cached(api, system, cache_salt="tenant-b")
+    r = httpx.delete(api.base_url + "/cache", params={"cache_salt": "tenant-a"}, timeout=30)
+    assert r.status_code == 200 and r.json()["dropped_tokens"] >= 64, r.text
+    assert chat_cached(api, system, cache_salt="tenant-a") == 0
+    assert chat_cached(api, system, cache_salt="tenant-b") >= 64
+
+
+def test_deleting_the_cache_drops_every_prefix_and_leaks_no_page(api):
+    chat_cached(api, long_prompt("delete-all"))
+    api.wait_idle()
+    r = httpx.delete(api.base_url + "/cache", timeout=30)
+    assert r.status_code == 200 and r.json()["dropped_tokens"] > 0
+    assert httpx.get(api.base_url + "/cache", timeout=30).json()["kv_pages"]["cached"] == 0
+    api.check_pages()

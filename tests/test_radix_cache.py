@@ -189,7 +189,7 @@ class FakeRequest:
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["insert", "match", "start", "finish", "abort", "evict"]),
+    st.tuples(st.sampled_from(["insert", "match", "start", "finish", "abort", "evict", "drop"]),
               st.lists(st.integers(0, 3), min_size=0, max_size=12),
               st.integers(0, 20),
               st.sampled_from([None, None, "a", "b"])),   # the request's cache salt (None: shared)
@@ -290,6 +290,18 @@ def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size
             tree.unlock(req.node)
         elif op == "evict":
             evict(n)
+        elif op == "drop":   # DELETE /v1/cache: every tree (n even) or only `salt`'s
+            every = n % 2 == 0
+            dropped = tree.drop_unused(salt, every_salt=every)
+            after = cached(tree, salted=True)
+            gone = {k: v for k, v in reference.items() if k not in after}
+            assert all(reference.get(k) == v for k, v in after.items())
+            assert sorted(dropped) == sorted(gone.values())
+            assert every or all(k[0] == salt for k in gone)
+            in_scope = [node for node in nodes(tree) if every or node.salt == salt]
+            assert all(node.lock_ref > 0 for node in in_scope)   # what is left there is in use
+            reference = after
+            pool.free(dropped)
 
         assert cached(tree, salted=True) == reference
         check_summary(limit=10**6)
@@ -442,3 +454,28 @@ def test_splitting_and_evicting_a_salted_edge_keep_it_in_its_tenants_tree():
     assert tree.match_prefix([1, 2], salt="b")[0] == []
     pool.free(tree.evict(100))
     assert tree.total_size == 0 and pool.num_free == pool.num_pages
+
+
+def test_dropping_unused_prefixes_keeps_those_in_use():
+    pool, tree = make()
+    insert_fresh(pool, tree, [1, 2, 3])
+    pool.free(insert_fresh(pool, tree, [1, 2, 7]).duplicates)
+    insert_fresh(pool, tree, [5, 6])
+    _, node = tree.match_prefix([1, 2, 3])
+    tree.lock(node)
+    pool.free(tree.drop_unused())
+    assert cached(tree) == {(1,): 0, (1, 2): 1, (1, 2, 3): 2}
+    tree.unlock(node)
+    pool.free(tree.drop_unused())
+    assert tree.total_size == 0 and tree.evictable_size == 0 and pool.num_free == pool.num_pages
+
+
+def test_dropping_one_salts_prefixes_leaves_the_other_trees():
+    pool, tree = make()
+    tree.insert([1, 2], pool.alloc(2), salt="a")
+    tree.insert([1, 2], pool.alloc(2), salt="b")
+    tree.insert([1, 2], pool.alloc(2))
+    pool.free(tree.drop_unused("a", every_salt=False))
+    assert tree.match_prefix([1, 2], "a")[0] == []
+    assert len(tree.match_prefix([1, 2], "b")[0]) == 2 and len(tree.match_prefix([1, 2])[0]) == 2
+    assert pool.num_free == pool.num_pages - 4

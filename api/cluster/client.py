@@ -150,6 +150,10 @@ class RemoteEngine:
         """Each replica has its own tree, and the router sees only their page hashes: none listed."""
         return []
 
+    def drop_prefixes(self, salt: Optional[str] = None, every_salt: bool = True) -> int:
+        raise EngineRefusal(RefusalKind.INVALID, "with --replicas each replica has its own prefix cache; "
+                            "flushing them from the ingress is not supported", "cache")
+
     def shutdown(self) -> None:
         self._probe.cancel()
         self.abort_all()

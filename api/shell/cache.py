@@ -2,7 +2,8 @@
 who would rather read JSON than /metrics: the KV pool by owner, the requests running and waiting,
 the hit ratio so far, and the longest cached prefixes with how often each was reused. Prompt text
 is private: prefixes are shown as token counts unless the server was started with
-`--ui-show-prefix-text`."""
+`--ui-show-prefix-text`. `DELETE /v1/cache` drops every cached prefix no request is using, or one
+tenant's (`?cache_salt=`)."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +12,10 @@ from typing import Optional
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 
+from radixserve.api.errors import refusal_error
 from radixserve.api.state import ServerState, server_state
+from radixserve.runtime.engine_client import EngineRefusal
+from radixserve.runtime.sampling_params import MAX_CACHE_SALT
 
 DEFAULT_PREFIXES = 10
 MAX_PREFIXES = 100
@@ -54,6 +58,24 @@ class CacheView(BaseModel):
     prefixes: list[CachedPrefixView] = Field(description="the longest cached prefixes, longest first (none "
                                                          "with --replicas: each replica has its own tree)")
     prefix_text: bool = Field(description="whether prefixes carry their text")
+
+
+class CacheFlush(BaseModel):
+    object: str = "cache.flush"
+    dropped_tokens: int = Field(description="cached tokens dropped; prefixes running requests read stay")
+
+
+@router.delete("/v1/cache", response_model=CacheFlush)
+async def flush_cache(cache_salt: Optional[str] = Query(
+                          default=None, min_length=1, max_length=MAX_CACHE_SALT,
+                          description="drop only this tenant's prefixes (default: every prefix)"),
+                      state: ServerState = Depends(server_state)) -> CacheFlush:
+    engine = state.require_engine()
+    try:
+        dropped = await asyncio.to_thread(engine.drop_prefixes, cache_salt, cache_salt is None)
+    except EngineRefusal as refusal:
+        raise refusal_error(refusal) from None
+    return CacheFlush(dropped_tokens=dropped)
 
 
 @router.get("/v1/cache", response_model=CacheView)
