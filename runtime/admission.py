@@ -52,6 +52,14 @@ class Admission:
                                 f"exceeds the KV cache of {self.kv_capacity_tokens} tokens", "max_tokens")
         return requested
 
+    def fits(self, prompt_len: int, requested: Optional[int]) -> bool:
+        """Whether `max_tokens` would accept this prompt length and completion."""
+        try:
+            self.max_tokens(prompt_len, requested)
+        except EngineRefusal:
+            return False
+        return True
+
     def check(self, ids: Sequence[int], max_tokens: int) -> None:
         """What submit asks of every request."""
         self.check_prompt(ids)

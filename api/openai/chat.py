@@ -3,15 +3,16 @@ or whole, with structured output and tool calls."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, NamedTuple, Optional
+from typing import Any, AsyncIterator, Callable, NamedTuple, Optional, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from radixserve.api.openai import bodies
-from radixserve.api.openai.chat_prompt import render_chat_prompt, with_schema_instruction
+from radixserve.api.openai.chat_prompt import render_chat_prompt, states_schema, with_schema_instruction
 from radixserve.api.openai.constraints import request_constraint
 from radixserve.api.errors import RequestFields
 from radixserve.api.openai.generation import Choice, Generation
@@ -23,6 +24,10 @@ from radixserve.api.streaming import until_disconnected
 from radixserve.api.openai.tools import (ArgumentsDelta, CallDone, CallStarted, ParserEvent, TextDelta, ToolCallParser,
                                   ToolPlan, plan_tools)
 from radixserve.grammar.spec import GrammarSpec
+from radixserve.runtime.admission import Admission
+
+log = logging.getLogger("radixserve.api")
+R = TypeVar("R")
 
 # Engine fields as the chat request names them.
 _RENAMES = {"prompt": "messages", "logprobs": "top_logprobs"}
@@ -36,13 +41,14 @@ async def create_chat_completion(req: ChatCompletionRequest, http: Request, stat
 
     def prepare() -> tuple[ChatInputs, list[int]]:
         inputs = chat_inputs(req, state)
-        text = render_chat_prompt(engine.tokenizer, inputs.messages, inputs.plan.template_tools,
-                                  req.chat_template_kwargs)
-        return inputs, engine.tokenizer.encode(text)
+        return inputs, inputs.fitting(
+            lambda messages: engine.tokenizer.encode(render_chat_prompt(
+                engine.tokenizer, messages, inputs.plan.template_tools, req.chat_template_kwargs)),
+            len, engine.admission, req.requested_max_tokens)
 
     # schema normalisation, the chat template and the tokenizer take milliseconds on a long
     # request: off the event loop, which keeps serving every other request meanwhile
-    (plan, constraint, constraint_field, _), prompt_ids = await asyncio.to_thread(prepare)
+    (plan, constraint, constraint_field, *_), prompt_ids = await asyncio.to_thread(prepare)
     renames = {**_RENAMES, **({"max_tokens": "max_completion_tokens"} if req.max_completion_tokens else {})}
     http.state.fields = RequestFields(renames, constraint_field)
     max_tokens = engine.admission.max_tokens(len(prompt_ids), req.requested_max_tokens)
@@ -61,21 +67,33 @@ class ChatInputs(NamedTuple):
     constraint: Optional[GrammarSpec]
     constraint_field: Optional[str]     # the request field that set the constraint, for its errors
     messages: list[ChatMessage]         # to render
+    client_messages: list[ChatMessage]  # as the client sent them: `messages` is this plus the schema note
+
+    def fitting(self, render: Callable[[list[ChatMessage]], R], length: Callable[[R], int], admission: Admission,
+                requested: Optional[int]) -> R:
+        """The prompt rendered with the schema note if prompt and completion still fit, else without
+        it: text the server adds never makes a request fail."""
+        prompt = render(self.messages)
+        if self.messages is self.client_messages or admission.fits(length(prompt), requested):
+            return prompt
+        log.debug("response schema left out of the prompt: %d tokens with it, %s asked for", length(prompt), requested)
+        return render(self.client_messages)
 
 
 def chat_inputs(req: ChatCompletionRequest, state: ServerState) -> ChatInputs:
     """What a chat-shaped request (chat completions, or a translated Responses turn) asks of the
     engine besides sampling: its tool plan, its constraint and the field that set it, and the
-    messages to render (with the response schema stated in them unless --no-schema-in-prompt)."""
+    messages to render (with the response schema stated in them unless --no-schema-in-prompt, a message
+    already holds it, or it would not fit: see `ChatInputs.fitting`)."""
     plan = plan_tools(req)
     tool_field = "tool_choice" if req.tool_choice is not None else "tools"
     tool_constraint = (tool_field, plan.build_constraint) if plan.build_constraint else None
     constraint, constraint_field = request_constraint(req, tool_constraint)
     messages = req.messages
     schema = _response_schema(req)
-    if schema is not None and state.schema_in_prompt:
+    if schema is not None and state.schema_in_prompt and not states_schema(req.messages, schema):
         messages = with_schema_instruction(messages, schema)
-    return ChatInputs(plan, constraint, constraint_field, messages)
+    return ChatInputs(plan, constraint, constraint_field, messages, req.messages)
 
 
 def _response_schema(req: ChatCompletionRequest) -> Any:

@@ -32,6 +32,34 @@ HERMES_TOOLS_PROMPT = (
 SCHEMA_PROMPT = "Answer with JSON that matches this JSON Schema: {schema}"
 
 
+def states_schema(messages: list[ChatMessage], schema: Any) -> bool:
+    """Whether some message already holds `schema` as JSON (as instructor's JSON mode and many
+    clients put it in the user message), in any spacing: stating it again only costs context."""
+    decoder = json.JSONDecoder()
+    for m in messages:
+        text, i = m.content or "", 0
+        while (i := text.find("{", i)) >= 0:
+            try:
+                value, end = decoder.raw_decode(text, i)
+            except ValueError:
+                i += 1
+                continue
+            if _holds(value, schema):
+                return True
+            i = end   # its inner braces were looked at by _holds
+    return False
+
+
+def _holds(value: Any, schema: Any) -> bool:
+    if value == schema:
+        return True
+    if isinstance(value, dict):
+        return any(_holds(v, schema) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds(v, schema) for v in value)
+    return False
+
+
 def with_schema_instruction(messages: list[ChatMessage], schema: Any) -> list[ChatMessage]:
     """`messages` with the response schema stated at the end of the system message (one is added
     when there is none), where the tool signatures go too; the conversation after it is untouched,

@@ -48,10 +48,12 @@ async def create_response(req: ResponsesRequest, http: Request, state: ServerSta
     def prepare():
         turn = build_turn(req, state.responses)
         inputs = chat_inputs(turn.chat, state)
-        return turn, inputs, prompt_ids(engine.tokenizer, inputs.messages, inputs.plan.template_tools, turn.previous)
+        return turn, inputs, inputs.fitting(
+            lambda messages: prompt_ids(engine.tokenizer, messages, inputs.plan.template_tools, turn.previous),
+            lambda prompt: len(prompt[1]), engine.admission, req.max_output_tokens)
 
     try:  # schema normalisation, the chat template and the tokenizer, off the event loop
-        turn, (plan, constraint, constraint_field, _), (prompt_text, ids) = await asyncio.to_thread(prepare)
+        turn, (plan, constraint, constraint_field, *_), (prompt_text, ids) = await asyncio.to_thread(prepare)
     except APIError as e:
         raise renamed(e) from None
     http.state.fields = RequestFields(RENAMES, RENAMES.get(constraint_field, constraint_field))
