@@ -82,6 +82,9 @@ class _Normaliser:
     def __init__(self, root: Any, cls, support: SchemaSupport, where: str):
         self.root, self.cls, self.support, self.where = root, cls, support, where
         self.draft = draft_of(root)
+        # drafts 4 to 7 ignore every keyword beside a `$ref`; only a schema that names one of them
+        # gets that reading (with no `$schema`, 2020-12's merge)
+        self.ref_alone = isinstance(root, Mapping) and "$schema" in root and self.draft <= 7
         self.defs: dict[str, Optional[dict]] = {}  # name -> normal form (None while being built)
         self.names: dict[str, str] = {}            # pointer of a $ref target -> its name in $defs
         self.locations: dict[str, str] = {}        # and back
@@ -158,6 +161,10 @@ class _Normaliser:
             return {}
         if raw is False:
             return False
+        if "$ref" in raw and self.ref_alone:
+            if len(raw) > 1:
+                self.note("$ref", pointer, "sibling keywords of $ref ignored, as this draft says", True)
+            return self.reference(raw["$ref"], pointer)
         raw = self.upgrade(raw, pointer)
         if "enum" in raw or "const" in raw:
             return self.enum(raw, pointer)
@@ -172,9 +179,13 @@ class _Normaliser:
             return self.reference(raw["$ref"], pointer)
         parts = [local(self.children(own, pointer), pointer, self)] if own else []
         if "$ref" in raw:
-            if self.draft <= 7 and own:
-                self.note("$ref", pointer, "sibling keywords of $ref applied (this draft ignores them)", False)
-            parts.append(self.body(self.locate(raw["$ref"], pointer)))
+            target = self.body(self.locate(raw["$ref"], pointer))
+            try:
+                parts = [merge_all(parts + [target], pointer, self)]
+            except Unsatisfiable:   # never refused for a sibling alone: older drafts ignore them
+                self.note("$ref", pointer, "sibling keywords of $ref dropped: with them nothing satisfies the "
+                          "schema (drafts before 2019-09 ignore them)", False)
+                parts = [target]
         parts += [self.node(sub, f"{pointer}/allOf/{i}", inner) for i, sub in enumerate(raw.get("allOf", []))]
         result = merge_all(parts, pointer, self)
         for kw in ("oneOf", "anyOf"):

@@ -273,3 +273,32 @@ def test_outlines_core_refuses_what_it_would_drop():
     error = refusal({"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"},
                      "minItems": 2}, OUTLINES_SUPPORT)
     assert error.keyword == "minItems"
+
+
+# ---- $ref siblings follow the schema's draft ---------------------------------------------------
+DATOS = {"datos": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}
+
+
+@pytest.mark.parametrize("draft", ["http://json-schema.org/draft-04/schema#", "http://json-schema.org/draft-06/schema#",
+                                   "http://json-schema.org/draft-07/schema#"])
+def test_drafts_before_2019_ignore_the_siblings_of_a_ref(draft):
+    schema = {"$schema": draft, "definitions": DATOS, "type": "object",
+              "properties": {"d": {"type": "string", "$ref": "#/definitions/datos"}}, "required": ["d"]}
+    result = normalise_json_schema(schema, XGRAMMAR_SUPPORT)
+    assert result.exact
+    assert accepts(result.schema, {"d": {"n": 1}}) and not accepts(result.schema, {"d": "text"})
+
+
+def test_with_no_draft_named_compatible_ref_siblings_still_merge():
+    schema = {"definitions": DATOS, "$ref": "#/definitions/datos", "maxProperties": 1}
+    out = normal(schema)
+    assert out["maxProperties"] == 1 and out["required"] == ["n"]
+
+
+@pytest.mark.parametrize("named", [{}, {"$schema": "https://json-schema.org/draft/2020-12/schema"}])
+def test_a_ref_sibling_that_nothing_could_satisfy_is_dropped_never_refused(named):
+    schema = {**named, "definitions": DATOS, "type": "object",
+              "properties": {"d": {"type": "string", "$ref": "#/definitions/datos"}}}
+    result = normalise_json_schema(schema, XGRAMMAR_SUPPORT)
+    assert not result.exact and any(n.keyword == "$ref" and "dropped" in n.action for n in result.notes)
+    assert accepts(result.schema, {"d": {"n": 1}}) and not accepts(result.schema, {"d": "text"})
