@@ -4,7 +4,7 @@ and the snapshots it reports. The API maps refusals to HTTP in one place (api/er
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Optional, Protocol, Sequence, Union
 
 if TYPE_CHECKING:
@@ -70,6 +70,8 @@ class EngineStats:
     kv_pages_free: int = 0
     last_step_seconds: float = 0.0  # wall time of the latest forward + sample + commit
     last_batch_size: int = 0        # requests in the latest step
+    # prompt_cache_key -> (prompt tokens, of them served from the prefix cache), bounded
+    cache_keys: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

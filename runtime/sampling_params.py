@@ -36,6 +36,9 @@ class SamplingParams:
     # the tenant's prefix cache: requests share cached prefixes only with requests of the same salt
     # (None: the shared cache). Not a sampling setting, but one request's, like priority.
     cache_salt: Optional[str] = None
+    # OpenAI's name for requests that share a prefix: their cache hits are counted under it, and
+    # with replicas the router keeps one key on one replica
+    prompt_cache_key: Optional[str] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -89,5 +92,8 @@ class SamplingParams:
         if self.cache_salt is not None and not (isinstance(self.cache_salt, str)
                                                 and 0 < len(self.cache_salt) <= MAX_CACHE_SALT):
             fail("cache_salt", f"must be a non-empty string of at most {MAX_CACHE_SALT} characters")
+        if self.prompt_cache_key is not None and not (isinstance(self.prompt_cache_key, str)
+                                                      and 0 < len(self.prompt_cache_key) <= MAX_CACHE_SALT):
+            fail("prompt_cache_key", f"must be a non-empty string of at most {MAX_CACHE_SALT} characters")
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")

@@ -51,6 +51,10 @@ class ScheduledBatch:
         return sum(it.num_tokens for it in self.extends)
 
 
+MAX_CACHE_KEYS = 100
+OTHER_CACHE_KEYS = "(other)"
+
+
 @dataclass
 class SchedulerStats:
     """Running totals since start-up (read by the metrics endpoint)."""
@@ -59,6 +63,16 @@ class SchedulerStats:
     prompt_tokens: int = 0        # prompt tokens of admitted requests (= prefix-cache queried tokens)
     prefill_tokens: int = 0       # tokens computed by prefill chunks, recomputation after preemption included
     held_for_sharing: int = 0     # times a request waited for another to prefill the prefix they share
+    # prompt_cache_key -> [prompt tokens, of them cache hits]; the first MAX_CACHE_KEYS keys seen, the
+    # rest under OTHER_CACHE_KEYS (a metric label per client-chosen string must stay bounded)
+    by_cache_key: dict[str, list[int]] = field(default_factory=dict)
+
+    def count_cache_key(self, key: str, prompt: int, hit: int) -> None:
+        if key not in self.by_cache_key and len(self.by_cache_key) >= MAX_CACHE_KEYS:
+            key = OTHER_CACHE_KEYS
+        totals = self.by_cache_key.setdefault(key, [0, 0])
+        totals[0] += prompt
+        totals[1] += hit
 
 
 class Scheduler:
@@ -175,6 +189,8 @@ class Scheduler:
             req.cached_tokens = cached
             self.stats.cache_hit_tokens += cached
             self.stats.prompt_tokens += len(req.prompt_ids)
+            if req.params.prompt_cache_key is not None:
+                self.stats.count_cache_key(req.params.prompt_cache_key, len(req.prompt_ids), cached)
         batch.admitted += 1
         batch.cache_hit_tokens += cached
         self.running.append(req)

@@ -1,10 +1,13 @@
 """Tenant isolation in the prefix cache: `cache_salt` (vLLM's field) on chat, completions and
 Responses. Requests share cached prefixes only with requests of the same salt; no salt is the
-shared cache. OpenAI's `prompt_cache_key` and `prompt_cache_retention: in_memory` are accepted."""
+shared cache. OpenAI's `prompt_cache_key` names a request's prefix group in the metrics (and keeps
+it on one replica: tests/test_prefix_routing.py); `prompt_cache_retention: in_memory` is accepted."""
 import uuid
 
 import httpx
 import pytest
+
+from radixserve.runtime.scheduler import MAX_CACHE_KEYS, OTHER_CACHE_KEYS, SchedulerStats
 
 
 def long_prompt(tag: str) -> str:
@@ -102,3 +105,24 @@ def test_deleting_the_cache_drops_every_prefix_and_leaks_no_page(api):
     assert r.status_code == 200 and r.json()["dropped_tokens"] > 0
     assert httpx.get(api.base_url + "/cache", timeout=30).json()["kv_pages"]["cached"] == 0
     api.check_pages()
+
+
+def test_prompt_cache_key_names_its_prompt_and_hit_tokens_in_metrics(api):
+    key = "agent-" + uuid.uuid4().hex[:8]
+    system = long_prompt("key-metrics")
+    r1 = httpx.post(api.base_url + "/chat/completions", timeout=120, json={
+        "model": api.model, "max_tokens": 1, "prompt_cache_key": key,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]}).json()
+    cached = chat_cached(api, system, prompt_cache_key=key)
+    label = f'key="{key}"'
+    prompt = api.metric("radixserve_prompt_cache_key_prompt_tokens_total", label)
+    hits = api.metric("radixserve_prompt_cache_key_hit_tokens_total", label)
+    assert prompt == 2 * r1["usage"]["prompt_tokens"] and hits == cached > 0
+
+
+def test_prompt_cache_keys_in_metrics_are_bounded():
+    stats = SchedulerStats()
+    for i in range(MAX_CACHE_KEYS + 5):
+        stats.count_cache_key(f"k{i}", 10, 1)
+    assert len(stats.by_cache_key) == MAX_CACHE_KEYS + 1
+    assert stats.by_cache_key[OTHER_CACHE_KEYS] == [50, 5]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixserve.api.cluster.prefix_routing import BALANCE, CACHED, COLD, PENDING, PrefixRoutingPolicy
+from radixserve.api.cluster.prefix_routing import BALANCE, CACHED, COLD, KEY, PENDING, PrefixRoutingPolicy
 from radixserve.api.cluster.protocol import ReplicaReport
 from radixserve.radix.prefix_hash import page_hashes
 
@@ -237,3 +237,48 @@ def test_a_replica_reporting_the_prefix_beats_one_it_was_only_routed_to():
     p.routed("r1", "q", page_hashes(prompt(SYSTEM_A, 0), P))
     d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), {"r1": 0, "r2": 2})
     assert (d.ranked[0], d.reason) == ("r2", CACHED)
+
+
+# ---- prompt_cache_key: one key, one replica --------------------------------------------------
+REPLICAS = {"r1": 0, "r2": 0, "r3": 0}
+
+
+def test_one_prompt_cache_key_always_goes_to_one_replica_whatever_the_prompt():
+    p = policy()
+    homes = {p.choose(page_hashes(prompt(system, user), P), dict(REPLICAS), "agent-7").ranked[0]
+             for system in (SYSTEM_A, SYSTEM_B) for user in range(5)}
+    assert len(homes) == 1
+    assert p.choose(page_hashes(prompt(SYSTEM_A, 1), P), dict(REPLICAS), "agent-7").reason == KEY
+
+
+def test_the_key_wins_over_a_cached_prefix_elsewhere():
+    p = policy()
+    home = p.choose([], dict(REPLICAS), "agent-7").ranked[0]
+    other = next(r for r in REPLICAS if r != home)
+    p.update(other, report(other, [SYSTEM_A]))
+    assert p.choose(page_hashes(prompt(SYSTEM_A, 1), P), dict(REPLICAS), "agent-7").ranked[0] == home
+
+
+def test_keys_spread_over_the_replicas():
+    p = policy()
+    homes = {p.choose([], dict(REPLICAS), f"agent-{i}").ranked[0] for i in range(30)}
+    assert homes == set(REPLICAS)
+
+
+def test_a_key_moves_only_when_its_replica_leaves():
+    p = policy()
+    keys = [f"agent-{i}" for i in range(30)]
+    before = {k: p.choose([], dict(REPLICAS), k).ranked[0] for k in keys}
+    gone = "r3"
+    after = {k: p.choose([], {r: 0 for r in REPLICAS if r != gone}, k).ranked[0] for k in keys}
+    assert all(after[k] == before[k] for k in keys if before[k] != gone)
+
+
+def test_an_overloaded_home_is_passed_over_by_the_balance_guard():
+    p = policy(imbalance=4)
+    for r in REPLICAS:
+        p.update(r, report(r))
+    home = p.choose([], dict(REPLICAS), "agent-7").ranked[0]
+    loads = {r: (20 if r == home else 1) for r in REPLICAS}
+    d = p.choose(page_hashes(prompt(SYSTEM_A, 1), P), loads, "agent-7")
+    assert d.ranked[0] != home and d.reason != KEY

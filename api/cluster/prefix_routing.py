@@ -14,9 +14,13 @@ after the report was taken ("pending"). In that order it picks:
    LLM's and SGLang's text routers do; bench/ray_router.py measures both ways);
 4. else (no replica holds or was sent enough of it) the one with the fewest prefix pages held or
    pending, where it displaces the least (reason "cold"; ties: the least loaded).
-A replica whose queue exceeds the shortest by more than `imbalance` is passed over ("balance")."""
+A replica whose queue exceeds the shortest by more than `imbalance` is passed over ("balance").
+Before all of these, a request with OpenAI's `prompt_cache_key` goes to the replica its key hashes
+to (rendezvous hashing: a key moves only when its replica leaves), unless the balance guard passes
+that replica over (reason "key")."""
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,9 +34,15 @@ PENDING = "pending"    # sent there, not reported yet (or, `sticky`, sent there 
 COLD = "cold"          # no replica holds enough of it: the smallest tree
 BALANCE = "balance"    # a replica with a longer prefix was skipped: its queue is too long
 FULL = "full"          # the ranking's first replica was at its concurrency limit: a later one took it
+KEY = "key"            # the replica the request's prompt_cache_key hashes to
 
 # Reports carry the replica's wall clock: this much skew between nodes is tolerated.
 CLOCK_SKEW_S = 0.5
+
+
+def _rendezvous(key: str, replica: str) -> int:
+    """The weight of `replica` for `key`: the heaviest replica is the key's home."""
+    return int.from_bytes(hashlib.blake2b(f"{key}\0{replica}".encode(), digest_size=8).digest(), "little")
 
 
 @dataclass(frozen=True)
@@ -136,9 +146,10 @@ class PrefixRoutingPolicy:
                 del table[next(iter(table))]
 
     # ---- the decision --------------------------------------------------------------------
-    def choose(self, page_hashes: Sequence[int], loads: dict[str, int]) -> RouteDecision:
+    def choose(self, page_hashes: Sequence[int], loads: dict[str, int],
+               cache_key: Optional[str] = None) -> RouteDecision:
         """Rank the replicas in `loads` (replica id -> requests queued or running there) for a
-        request whose prompt has these page hashes."""
+        request whose prompt has these page hashes (and this prompt_cache_key, if any)."""
         if not loads:
             raise ValueError("no replica to route to")
         self._expire()
@@ -146,6 +157,11 @@ class PrefixRoutingPolicy:
         matches = {r: self._match(r, page_hashes) for r in candidates}
         lowest = loads[candidates[0]]
         eligible = [r for r in candidates if loads[r] <= lowest + self.imbalance]
+        if cache_key is not None:
+            home = max(candidates, key=lambda r: _rendezvous(cache_key, r))
+            if home in eligible:
+                return RouteDecision([home] + [r for r in candidates if r != home], KEY, matches[home][1],
+                                     len(page_hashes))
         wanted = max(1, int(self.min_match_ratio * len(page_hashes) + 0.999))
         # max() is stable: among equal matches, the least loaded
         cached = max(eligible, key=lambda r: matches[r])

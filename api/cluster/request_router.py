@@ -49,7 +49,7 @@ class RadixPrefixRouter(RequestRouter):
         call = engine_call(pending_request)
         if call is None or not by_id:
             return [sorted(candidate_replicas, key=lambda r: loads[r.replica_id.to_full_id_str()])]
-        decision = self.policy.choose(call.page_hashes, loads)
+        decision = self.policy.choose(call.page_hashes, loads, call.params.prompt_cache_key)
         # counted as pending now, not once sent: Ray Serve may choose for the next request before
         # this one is sent, and a burst on a new prompt must not go cold to every replica
         key = pending_request.metadata.internal_request_id

@@ -33,6 +33,7 @@ def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: Optional[
         constraint=constraint,
         priority=given(req.priority, 0),   # lower first, under --schedule-policy priority
         cache_salt=req.cache_salt,
+        prompt_cache_key=req.prompt_cache_key,
     )
 
 

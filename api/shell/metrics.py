@@ -48,6 +48,14 @@ class _EngineCollector(Collector):
             ("radixserve_preemptions", "Requests preempted for KV pages", s.preemptions),
         ):
             yield CounterMetricFamily(name, doc, value=value)
+        for name, doc, index in (
+            ("radixserve_prompt_cache_key_prompt_tokens", "Prompt tokens admitted, by prompt_cache_key", 0),
+            ("radixserve_prompt_cache_key_hit_tokens", "Of those, served from the prefix cache, by prompt_cache_key", 1),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["key"])
+            for key, totals in s.cache_keys.items():
+                family.add_metric([key], totals[index])
+            yield family
 
 
 class ServerMetrics:
