@@ -13,6 +13,7 @@ test_json_schema_properties.py checks it against jsonschema); `exact` says wheth
 anchored)."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 import warnings
@@ -196,13 +197,14 @@ class _Normaliser:
                     if exclusive is not None:
                         result = exclusive
                         continue
-                    self.check_one_of(branches, pointer)
                 merged = []
                 for branch in branches:
                     try:
                         merged.append(merge(result, branch, f"{pointer}/{kw}", self))
                     except Unsatisfiable:
                         pass
+                if kw == "oneOf":   # the branches as the value meets them: with the parent's keywords
+                    self.check_one_of(merged, pointer)
                 result = any_of(merged, f"{pointer}/{kw}")
         return result
 
@@ -274,17 +276,38 @@ class _Normaliser:
 
     # ---- oneOf -----------------------------------------------------------------------------
     def check_one_of(self, branches: list, pointer: str) -> None:
-        """oneOf is enforced as anyOf, the same only where no value can match two branches."""
-        if len(branches) < 2:
-            return
-        types = [self.json_types(b) for b in branches]
-        if all(t is not None for t in types) and all(
-                not (types[i] & types[j]) for i in range(len(types)) for j in range(i + 1, len(types))):
-            return
-        if self.discriminated(branches):
-            return
-        self.refuse("oneOf", pointer, "'oneOf' whose branches may overlap (enforced as anyOf, an output could "
-                                      "match two branches); use anyOf, or give each branch a distinct type or const tag")
+        """oneOf is enforced as anyOf, the same only where no value can match two branches: every
+        pair must be disjoint by type, by const / enum values, by a required property whose values
+        differ, or by a property one requires and the other forbids."""
+        resolved = [self.inline(b) for b in branches]
+        for i in range(len(resolved)):
+            for j in range(i + 1, len(resolved)):
+                if not self.disjoint(resolved[i], resolved[j]):
+                    self.refuse("oneOf", pointer, f"'oneOf' whose branches may overlap (enforced as anyOf, an output "
+                                                  f"could match two branches: {i} and {j}); use anyOf, or give each "
+                                                  f"branch a distinct type or const tag")
+
+    def disjoint(self, a: Any, b: Any) -> bool:
+        """Whether no value satisfies both normal-form schemas (False where it cannot tell)."""
+        if a is False or b is False:
+            return True
+        ta, tb = self.json_types(a), self.json_types(b)
+        if ta is not None and tb is not None and not (ta & tb):
+            return True
+        va, vb = _values(a), _values(b)
+        if va is not None and vb is not None and not (va & vb):
+            return True
+        if not (isinstance(a, dict) and isinstance(b, dict) and a.get("type") == b.get("type") == "object"):
+            return False
+        for x, y in ((a, b), (b, a)):
+            for name in x.get("required", []):
+                if _forbids(y, name):
+                    return True
+                if name in y.get("required", []) and self.disjoint(
+                        self.inline(x.get("properties", {}).get(name, {})),
+                        self.inline(y.get("properties", {}).get(name, {}))):
+                    return True
+        return False
 
     def exclusive_keys(self, parent: Any, raw_branches: list, pointer: str) -> Optional[Any]:
         """`oneOf: [{required: [a]}, {required: [b]}]` on a closed object: exactly one of the
@@ -323,20 +346,10 @@ class _Normaliser:
         if "anyOf" in node:
             parts = [self.json_types(b, depth + 1) for b in node["anyOf"]]
             return None if None in parts else frozenset().union(*parts)
-        return frozenset({"number" if node["type"] == "integer" else node["type"]})
-
-    def discriminated(self, branches: list) -> bool:
-        """Every branch an object that requires one shared property fixed to a distinct value."""
-        resolved = [self.inline(b) for b in branches]
-        if not all(isinstance(b, dict) and b.get("type") == "object" for b in resolved):
-            return False
-        for name in set.intersection(*(set(b.get("required", [])) for b in resolved)):
-            tags = [self.inline(b.get("properties", {}).get(name)) for b in resolved]
-            if all(isinstance(t, dict) and "const" in t for t in tags):
-                keys = [repr(t["const"]) for t in tags]
-                if len(set(keys)) == len(keys):
-                    return True
-        return False
+        kinds = node.get("type")
+        if kinds is None:
+            return None
+        return frozenset("number" if t == "integer" else t for t in (kinds if isinstance(kinds, list) else [kinds]))
 
     # ---- references ------------------------------------------------------------------------
     def locate(self, ref: str, pointer: str) -> str:
@@ -384,6 +397,29 @@ class _Normaliser:
             i += 1
             name = f"{base}_{i}"
         return name
+
+
+def _values(node: Any) -> Optional[frozenset]:
+    """The values a const / enum node admits, as JSON compares them (1 == 1.0, true != 1); None
+    for any other node."""
+    if not isinstance(node, dict) or not ("const" in node or "enum" in node):
+        return None
+    return frozenset(_json_key(v) for v in node.get("enum", [node.get("const")]))
+
+
+def _json_key(value: Any) -> tuple:
+    kind = _json_type(value)
+    if kind == "number":
+        return kind, float(value)   # two distinct huge integers may share a float: then "not disjoint"
+    return kind, json.dumps(value, sort_keys=True)
+
+
+def _forbids(node: dict, name: str) -> bool:
+    """Whether the object schema `node` admits no property `name`."""
+    props = node.get("properties", {})
+    if name in props:
+        return props[name] is False
+    return node.get("additionalProperties") is False and not node.get("patternProperties")
 
 
 def _json_type(value: Any) -> str:

@@ -302,3 +302,39 @@ def test_a_ref_sibling_that_nothing_could_satisfy_is_dropped_never_refused(named
     result = normalise_json_schema(schema, XGRAMMAR_SUPPORT)
     assert not result.exact and any(n.keyword == "$ref" and "dropped" in n.action for n in result.notes)
     assert accepts(result.schema, {"d": {"n": 1}}) and not accepts(result.schema, {"d": "text"})
+
+
+# ---- oneOf is exact as anyOf where no value can match two branches ------------------------------
+def obj(props: dict, required: list, closed: bool = False) -> dict:
+    return {"type": "object", "properties": props, "required": required, **({"additionalProperties": False} if closed else {})}
+
+
+@pytest.mark.parametrize("branches", [
+    [{"enum": ["a", "b"]}, {"enum": ["c"]}],                                          # disjoint values
+    [{"const": True}, {"const": 1}],                                                  # true is not 1
+    [obj({"kind": {"enum": ["x", "y"]}, "n": {"type": "integer"}}, ["kind", "n"]),
+     obj({"kind": {"enum": ["z"]}, "s": {"type": "string"}}, ["kind"])],              # an enum tag
+    [obj({"a": {"type": "string"}}, ["a"], closed=True), obj({"b": {"type": "string"}}, ["b"], closed=True)],
+    [obj({"a": {"type": "string"}}, ["a"], closed=True), obj({"b": {"type": "string"}}, ["b"])],
+], ids=["enum", "true-vs-1", "enum-tag", "closed-objects", "key-the-other-forbids"])
+def test_one_of_with_pairwise_disjoint_branches_is_accepted_exactly(branches):
+    result = normalise_json_schema({"oneOf": branches}, XGRAMMAR_SUPPORT)
+    assert result.exact
+
+
+@pytest.mark.parametrize("branches", [
+    [{"enum": ["a", "b"]}, {"enum": ["b", "c"]}],
+    [{"const": 1}, {"const": 1.0}],
+    [obj({}, ["a"]), obj({}, ["b"])],                                                 # {a, b} matches both
+    [obj({"kind": {"enum": ["x", "y"]}}, ["kind"]), obj({"kind": {"enum": ["y"]}}, ["kind"])],
+], ids=["shared-value", "1-is-1.0", "open-objects", "shared-tag"])
+def test_one_of_whose_branches_may_overlap_is_still_refused(branches):
+    assert refusal({"oneOf": branches}).keyword == "oneOf"
+
+
+def test_one_of_branches_are_judged_with_their_parents_keywords():
+    # apart, the branches overlap (an object without `kind` matches both); the parent requires `kind`
+    schema = {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string"}},
+              "oneOf": [{"properties": {"kind": {"const": "x"}}}, {"properties": {"kind": {"const": "y"}}}]}
+    assert normalise_json_schema(schema, XGRAMMAR_SUPPORT).exact
+    assert refusal({"oneOf": schema["oneOf"]}).keyword == "oneOf"
