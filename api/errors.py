@@ -183,3 +183,18 @@ def install_error_handlers(app: FastAPI) -> None:
         request_id = getattr(request.state, "request_id", "-")
         log.exception("request %s failed: %s", request_id, exc)
         return internal_error(request_id).response()
+
+
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE")
+
+
+def allow_only(router, path: str, allowed: Sequence[str]) -> None:
+    """Answer every other method on `path` with a 405 naming all of `allowed`: where several routes
+    share a path, Starlette's own 405 would name only the first one's method."""
+    allow = ", ".join(sorted(allowed))
+
+    async def other_method() -> Response:
+        raise APIError(405, "Method Not Allowed", headers={"Allow": allow})
+
+    router.add_api_route(path, other_method, methods=[m for m in HTTP_METHODS if m not in allowed],
+                         include_in_schema=False)

@@ -61,6 +61,7 @@ def common_prefix_len(a: list[int], b: list[int], page_size: int) -> int:
 class CachedPrefix:
     """One cached prefix (a path from the root to a node), for the cache view."""
     tokens: int                 # its length
+    hash: int                   # `prefix_hash` of it: the name a router knows it by (salted per tenant)
     hits: int                   # requests that reused at least this whole prefix
     in_use: bool                # a running request holds it (it cannot be evicted now)
     token_ids: Optional[list[int]] = None   # only when asked for (the prompt text is private)
@@ -185,8 +186,9 @@ class RadixCache:
             out.extend(self._hashes(node))
         return out, False
 
-    def largest_prefixes(self, limit: int, with_tokens: bool = False) -> list[CachedPrefix]:
-        """The `limit` longest cached prefixes (one per node), longest first. One walk of the tree."""
+    def top_prefixes(self, limit: int, by: str = "tokens", with_tokens: bool = False) -> list[CachedPrefix]:
+        """The `limit` cached prefixes (one per node) with the most tokens, or (`by="hits"`) reused by
+        the most requests, ties to the longer. One walk of the tree."""
         order, stack = [], [(c, len(c.key)) for c in self.root.children.values()]
         while stack:   # pre-order: every node after its parent
             node, length = stack.pop()
@@ -195,9 +197,12 @@ class RadixCache:
         reused = {}
         for node, _ in reversed(order):   # children first: subtree sums of hits
             reused[node] = node.hits + sum(reused[c] for c in node.children.values())
-        top = heapq.nlargest(limit, order, key=lambda e: (e[1], reused[e[0]]))
-        return [CachedPrefix(length, reused[node], node.lock_ref > 0,
-                             self._path(node) if with_tokens else None) for node, length in top]
+        if by not in ("tokens", "hits"):
+            raise ValueError(f"by must be 'tokens' or 'hits', got {by!r}")
+        rank = (lambda e: (e[1], reused[e[0]])) if by == "tokens" else (lambda e: (reused[e[0]], e[1]))
+        return [CachedPrefix(length, self._hashes(node)[-1], reused[node], node.lock_ref > 0,
+                             self._path(node) if with_tokens else None)
+                for node, length in heapq.nlargest(limit, order, key=rank)]
 
     def _path(self, node: TreeNode) -> list[int]:
         parts = []

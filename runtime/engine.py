@@ -183,9 +183,9 @@ class Engine:
         """The radix tree's page hashes (at most `limit`), read by the loop between steps."""
         return self.loop.call(SummarizePrefixes(limit))
 
-    def cached_prefixes(self, limit: int, with_tokens: bool = False) -> list[CachedPrefix]:
-        """The `limit` longest prefixes the radix tree holds, read by the loop between steps."""
-        return self.loop.call(ListPrefixes(limit, with_tokens))
+    def cached_prefixes(self, limit: int, by: str = "tokens", with_tokens: bool = False) -> list[CachedPrefix]:
+        """The radix tree's top `limit` prefixes by tokens or hits, read by the loop between steps."""
+        return self.loop.call(ListPrefixes(limit, by, with_tokens))
 
     def drop_prefixes(self, salt: Optional[str] = None, every_salt: bool = True) -> int:
         """Drop the cached prefixes no request holds (all, or one cache salt's); returns the tokens

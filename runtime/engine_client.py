@@ -120,9 +120,9 @@ class EngineClient(Protocol):
 
     def stats(self) -> EngineStats: ...
 
-    def cached_prefixes(self, limit: int, with_tokens: bool = False) -> list["CachedPrefix"]:
-        """The longest prefixes in the radix tree (blocking: call it off the event loop); empty where
-        there is no one tree to list (several replicas)."""
+    def cached_prefixes(self, limit: int, by: str = "tokens", with_tokens: bool = False) -> list["CachedPrefix"]:
+        """The top prefixes in the radix tree by tokens or hits (blocking: call it off the event
+        loop); empty where there is no one tree to list (several replicas)."""
         ...
 
     def drop_prefixes(self, salt: Optional[str] = None, every_salt: bool = True) -> int:

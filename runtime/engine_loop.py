@@ -85,8 +85,9 @@ class SummarizePrefixes:
 
 @dataclass(frozen=True)
 class ListPrefixes:
-    """The longest cached prefixes, for the cache view; token ids only with `with_tokens`."""
+    """The top cached prefixes by tokens or hits, for the cache view; token ids only with `with_tokens`."""
     limit: int
+    by: str = "tokens"
     with_tokens: bool = False
     reply: Reply = field(default_factory=Reply)
 
@@ -389,7 +390,7 @@ class EngineLoop:
         self.kv.check_invariant(self.scheduler.running)
 
     def _on_list_prefixes(self, m: ListPrefixes) -> list[CachedPrefix]:
-        return self.kv.tree.largest_prefixes(m.limit, m.with_tokens)
+        return self.kv.tree.top_prefixes(m.limit, m.by, m.with_tokens)
 
     def _on_drop_prefixes(self, m: DropPrefixes) -> int:
         return self.kv.drop_unused(m.salt, m.every_salt)

@@ -104,3 +104,19 @@ def test_no_ui_serves_no_page():
         asset = httpx.get(url + "/ui/app.js", timeout=30)
     assert r.status_code == 404 and "error" in r.json()
     assert asset.status_code == 404
+
+
+def test_by_hits_the_most_reused_prefix_comes_first(api, view):
+    for question in ("Seven?", "Eight?", "Nine?"):
+        ask(api, api.url, question)
+    api.wait_idle()
+    prefixes = view(limit=5, order="hits")["prefixes"]
+    assert [p["hits"] for p in prefixes] == sorted((p["hits"] for p in prefixes), reverse=True)
+    assert prefixes[0]["hits"] >= 2
+
+
+def test_each_prefix_is_named_by_its_page_hash(api, view):
+    ask(api, api.url, "Ten?")
+    api.wait_idle()
+    hashes = [p["hash"] for p in view(limit=20)["prefixes"]]
+    assert all(len(h) == 16 and int(h, 16) >= 0 for h in hashes) and len(set(hashes)) == len(hashes)

@@ -346,18 +346,18 @@ def hit(tree: RadixCache, tokens: list[int]) -> int:
     return len(pages) * tree.page_size
 
 
-def test_largest_prefixes_are_listed_longest_first_with_their_length():
+def test_top_prefixes_are_listed_longest_first_with_their_length():
     pool, tree = make()
     insert_fresh(pool, tree, [1, 2, 3, 4, 5])
     insert_fresh(pool, tree, [1, 2, 9])
-    assert [p.tokens for p in tree.largest_prefixes(10)] == [5, 3, 2]   # [1 2 3 4 5], [1 2 9], [1 2]
+    assert [p.tokens for p in tree.top_prefixes(10)] == [5, 3, 2]   # [1 2 3 4 5], [1 2 9], [1 2]
 
 
-def test_largest_prefixes_stop_at_the_limit():
+def test_top_prefixes_stop_at_the_limit():
     pool, tree = make()
     for first in range(5):
         insert_fresh(pool, tree, [first, 1, 2])
-    assert len(tree.largest_prefixes(3)) == 3
+    assert len(tree.top_prefixes(3)) == 3
 
 
 def test_a_hit_counts_for_every_prefix_the_request_reused():
@@ -366,15 +366,31 @@ def test_a_hit_counts_for_every_prefix_the_request_reused():
     insert_fresh(pool, tree, [1, 2, 7, 8])
     hit(tree, [1, 2, 3, 4, 5])
     hit(tree, [1, 2, 6])
-    listed = {tuple(p.token_ids): p.hits for p in tree.largest_prefixes(10, with_tokens=True)}
+    listed = {tuple(p.token_ids): p.hits for p in tree.top_prefixes(10, with_tokens=True)}
     assert listed == {(1, 2, 3, 4): 1, (1, 2, 7, 8): 0, (1, 2): 2}
+
+
+def test_by_hits_the_most_reused_prefixes_come_first():
+    pool, tree = make()
+    insert_fresh(pool, tree, [1, 2, 3, 4, 5])
+    insert_fresh(pool, tree, [7, 8])
+    hit(tree, [7, 8, 9])
+    hit(tree, [7, 8, 6])
+    hit(tree, [1, 2])
+    assert [(p.tokens, p.hits) for p in tree.top_prefixes(3, by="hits")] == [(2, 2), (2, 1), (5, 0)]
+
+
+def test_a_listed_prefix_is_named_by_its_page_hash():
+    pool, tree = make(page_size=2)
+    tree.insert([1, 2, 3, 4], pool.alloc(2), salt="a")
+    assert tree.top_prefixes(1)[0].hash == page_hashes([1, 2, 3, 4], 2, root_hash("a"))[-1]
 
 
 def test_prefix_token_ids_are_given_only_when_asked_for():
     pool, tree = make()
     insert_fresh(pool, tree, [5, 6, 7])
-    assert tree.largest_prefixes(1)[0].token_ids is None
-    assert tree.largest_prefixes(1, with_tokens=True)[0].token_ids == [5, 6, 7]
+    assert tree.top_prefixes(1)[0].token_ids is None
+    assert tree.top_prefixes(1, with_tokens=True)[0].token_ids == [5, 6, 7]
 
 
 def test_a_locked_prefix_is_shown_in_use():
@@ -382,9 +398,9 @@ def test_a_locked_prefix_is_shown_in_use():
     insert_fresh(pool, tree, [1, 2])
     _, node = tree.match_prefix([1, 2])
     tree.lock(node)
-    assert tree.largest_prefixes(1)[0].in_use
+    assert tree.top_prefixes(1)[0].in_use
     tree.unlock(node)
-    assert not tree.largest_prefixes(1)[0].in_use
+    assert not tree.top_prefixes(1)[0].in_use
 
 
 def test_evicting_a_reused_leaf_keeps_its_hits_on_the_prefix_left():
@@ -394,7 +410,7 @@ def test_evicting_a_reused_leaf_keeps_its_hits_on_the_prefix_left():
     hit(tree, [1, 2, 3])
     tree.match_prefix([1, 2, 9])   # [1 2 3] is now the least recently used leaf
     pool.free(tree.evict(1))
-    assert {p.tokens: p.hits for p in tree.largest_prefixes(10)} == {3: 0, 2: 1}
+    assert {p.tokens: p.hits for p in tree.top_prefixes(10)} == {3: 0, 2: 1}
 
 
 @settings(max_examples=60, deadline=None)
@@ -411,7 +427,7 @@ def test_prefix_hits_match_a_naive_count_of_reused_prefixes(prompts, page_size):
             reused.append(tuple(prompt[:n]))
         aligned = len(prompt) - len(prompt) % page_size
         pool.free(insert_fresh(pool, tree, prompt[:aligned]).duplicates)
-    listed = tree.largest_prefixes(1000, with_tokens=True)
+    listed = tree.top_prefixes(1000, with_tokens=True)
     assert len(listed) == len(nodes(tree))
     assert [p.tokens for p in listed] == sorted((p.tokens for p in listed), reverse=True)
     for p in listed:

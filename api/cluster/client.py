@@ -146,7 +146,7 @@ class RemoteEngine:
             kv_pages_used=sum(r.kv_pages_used for r in reports), kv_pages_cached=sum(r.kv_pages_cached for r in reports),
             kv_pages_free=sum(r.kv_pages_free for r in reports))
 
-    def cached_prefixes(self, limit: int, with_tokens: bool = False) -> list:
+    def cached_prefixes(self, limit: int, by: str = "tokens", with_tokens: bool = False) -> list:
         """Each replica has its own tree, and the router sees only their page hashes: none listed."""
         return []
 

@@ -19,7 +19,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radixserve.api.errors import APIError, RequestFields
+from radixserve.api.errors import APIError, RequestFields, allow_only
 from radixserve.api.openai.chat import chat_inputs
 from radixserve.api.openai.generation import Generation
 from radixserve.api.responses.store import StoredResponse
@@ -75,8 +75,6 @@ async def create_response(req: ResponsesRequest, http: Request, state: ServerSta
 # Ids are this server's own (resp_<hex>); the pattern keeps path-unsafe text out of the document.
 RESPONSE_ID = Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$",
                    description="the `id` of a response created with `store` true")
-# Methods /v1/responses/{id} does not serve (each answered 405 with `Allow: DELETE, GET`).
-OTHER_METHODS = ["POST", "PUT", "PATCH", "HEAD", "OPTIONS", "TRACE"]
 
 
 @router.post("/v1/responses")
@@ -95,10 +93,7 @@ async def delete_stored_response(response_id: str = RESPONSE_ID, state: ServerSt
     return {"id": response_id, "object": "response", "deleted": True}
 
 
-# Two routes share that path, so Starlette's 405 would name only the first one's method.
-@router.api_route("/v1/responses/{response_id}", methods=OTHER_METHODS, include_in_schema=False)
-async def stored_response_other_method() -> Response:
-    raise APIError(405, "Method Not Allowed", headers={"Allow": "DELETE, GET"})
+allow_only(router, "/v1/responses/{response_id}", ["GET", "DELETE"])
 
 
 # An empty id names no response: a 404, not a redirect to POST /v1/responses.

@@ -1,18 +1,19 @@
 """`GET /v1/cache`: what the prefix cache holds now, for the web page's cache view and for people
 who would rather read JSON than /metrics: the KV pool by owner, the requests running and waiting,
-the hit ratio so far, and the longest cached prefixes with how often each was reused. Prompt text
+the hit ratio so far, and the longest (or most reused) cached prefixes with how often each was
+reused and their page hash. Prompt text
 is private: prefixes are shown as token counts unless the server was started with
 `--ui-show-prefix-text`. `DELETE /v1/cache` drops every cached prefix no request is using, or one
 tenant's (`?cache_salt=`)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Optional
+from typing import Literal, Optional
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 
-from radixserve.api.errors import refusal_error
+from radixserve.api.errors import allow_only, refusal_error
 from radixserve.api.state import ServerState, server_state
 from radixserve.runtime.engine_client import EngineRefusal
 from radixserve.runtime.sampling_params import MAX_CACHE_SALT
@@ -45,6 +46,7 @@ class PrefixCacheTotals(BaseModel):
 
 class CachedPrefixView(BaseModel):
     tokens: int
+    hash: str = Field(description="hex of the prefix's chained page hash (per tenant where a cache_salt was sent)")
     hits: int = Field(description="requests that reused at least this whole prefix")
     in_use: bool = Field(description="a running request holds it")
     text: Optional[str] = Field(default=None, description="its last characters; only with --ui-show-prefix-text")
@@ -55,8 +57,8 @@ class CacheView(BaseModel):
     kv_pages: KVPages
     requests: RequestCounts
     prefix_cache: PrefixCacheTotals
-    prefixes: list[CachedPrefixView] = Field(description="the longest cached prefixes, longest first (none "
-                                                         "with --replicas: each replica has its own tree)")
+    prefixes: list[CachedPrefixView] = Field(description="the top cached prefixes by `order`, first the most "
+                                                         "(none with --replicas: each replica has its own tree)")
     prefix_text: bool = Field(description="whether prefixes carry their text")
 
 
@@ -78,19 +80,25 @@ async def flush_cache(cache_salt: Optional[str] = Query(
     return CacheFlush(dropped_tokens=dropped)
 
 
+allow_only(router, "/v1/cache", ["GET", "DELETE"])
+
+
 @router.get("/v1/cache", response_model=CacheView)
 async def cache_view(limit: int = Query(default=DEFAULT_PREFIXES, ge=0, le=MAX_PREFIXES),
+                     order: Literal["tokens", "hits"] = Query(
+                         default="tokens", description="the longest prefixes, or those reused by the most requests"),
                      state: ServerState = Depends(server_state)) -> CacheView:
     engine = state.require_engine()
     show_text = state.show_prefix_text
 
     def read() -> list[CachedPrefixView]:
         views = []
-        for p in engine.cached_prefixes(limit, with_tokens=show_text):
+        for p in engine.cached_prefixes(limit, order, with_tokens=show_text):
             text = None
             if show_text:
                 text = engine.tokenizer.decode(p.token_ids, skip_special_tokens=False)[-MAX_PREFIX_TEXT:]
-            views.append(CachedPrefixView(tokens=p.tokens, hits=p.hits, in_use=p.in_use, text=text))
+            views.append(CachedPrefixView(tokens=p.tokens, hash=f"{p.hash:016x}", hits=p.hits, in_use=p.in_use,
+                                          text=text))
         return views
 
     prefixes = await asyncio.to_thread(read) if limit else []

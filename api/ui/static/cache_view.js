@@ -22,7 +22,7 @@ export class CacheView {
   async poll() {
     let view = null;
     try {
-      view = await getJSON("/v1/cache?limit=8");
+      view = await getJSON(`/v1/cache?limit=8&order=${$("prefix-order").value}`);
       $("cache-status").textContent = "";
     } catch (e) {
       $("cache-status").textContent = e instanceof ApiError ? e.message : "server unreachable";
