@@ -8,7 +8,7 @@ import time
 from dataclasses import fields
 
 from radixserve.api.serve import add_serve_args, cmd_serve
-from radixserve.runtime.config import GRAMMAR_BACKENDS, SCHEDULE_POLICIES, EngineConfig
+from radixserve.runtime.config import GRAMMAR_BACKENDS, SCHEDULE_POLICIES, EngineConfig, parse_size
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -28,6 +28,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue-wait-boost", type=float, default=d.max_queue_wait_boost,
                    help="seconds after which a waiting request jumps ahead of newer ones under lpm / dfs-weight")
     p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--cache-dir", default=None,
+                   help="keep the prefix cache's evicted pages in this directory; they survive restarts")
+    p.add_argument("--cache-dir-size", type=parse_size, default=d.cache_dir_size,
+                   help="bound of --cache-dir, least recently used pages go first (e.g. 16G, 512M)")
     p.add_argument("--attention-backend", default=d.attention_backend, choices=["auto", "triton", "cpu", "torch"],
                    help="auto = triton on CUDA, torch on CPU")
     p.add_argument("--disable-cuda-graph", action="store_true", help="run CUDA decode steps eagerly")

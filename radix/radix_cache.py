@@ -211,6 +211,14 @@ class RadixCache:
             node = node.parent
         return [t for key in reversed(parts) for t in key]
 
+    def path_hashes(self, node: TreeNode) -> list[int]:
+        """The chained hash of every page on the path from the root to `node` (the disk tier's file names)."""
+        parts = []
+        while node is not self.root:
+            parts.append(self._hashes(node))
+            node = node.parent
+        return [h for hashes in reversed(parts) for h in hashes]
+
     def _hashes(self, node: TreeNode) -> list[int]:
         if node.hashes is None:
             parent = node.parent
@@ -295,14 +303,21 @@ class RadixCache:
 
     def evict(self, n_tokens: int) -> list[int]:
         """Drop at least `n_tokens` (if possible) from LRU unlocked leaves; return their pages."""
-        dropped: list[int] = []
+        return [q for leaf in self.evict_leaves(n_tokens) for q in leaf.pages]
+
+    def evict_leaves(self, n_tokens: int, hashed: bool = False) -> list[TreeNode]:
+        """`evict`, returning the detached leaves (tokens, pages, salt; with `hashed`, their page
+        hashes too: a lower tier keeps them by those)."""
+        dropped: list[TreeNode] = []
         evicted = 0
         while self._leaves and evicted < n_tokens:
             entry = heapq.heappop(self._leaves)
             if not self._current(entry):
                 continue
             leaf = entry[2]
-            dropped.extend(leaf.pages)
+            if hashed:
+                self._hashes(leaf)
+            dropped.append(leaf)
             evicted += len(leaf.key)
             self.evictable_size -= len(leaf.key)
             self.num_nodes -= 1

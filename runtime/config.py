@@ -26,6 +26,10 @@ class EngineConfig:
     # seconds after it: it jumps ahead once it has waited this long behind newer requests
     max_queue_wait_boost: float = 5.0
     disable_radix_cache: bool = False
+    # the prefix cache's disk tier: evicted and new pages are kept under this directory, bounded
+    # by `cache_dir_size` bytes (LRU), and read back on a hit, after restarts too
+    cache_dir: Optional[str] = None
+    cache_dir_size: int = 16 << 30
     attention_backend: str = "auto"      # auto (triton on CUDA, cpu on CPU) | triton | cpu | torch
     disable_cuda_graph: bool = False     # CUDA: run decode steps eagerly instead of replaying graphs
     grammar_backend: str = "xgrammar"    # xgrammar | outlines-core
@@ -63,6 +67,26 @@ class EngineConfig:
             raise ValueError(f"grammar-backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}")
         if not self.grammar_compile_timeout > 0:
             raise ValueError("grammar-compile-timeout must be > 0 seconds")
+        if self.cache_dir is not None and self.disable_radix_cache:
+            raise ValueError("cache-dir is the radix cache's lower tier: it needs the radix cache on")
+        if not isinstance(self.cache_dir_size, int) or self.cache_dir_size < 1:
+            raise ValueError(f"cache-dir-size must be a positive number of bytes, got {self.cache_dir_size!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                              f"got {self.attention_backend!r}")
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "16G", "512M", "1.5T", "4096" (binary units; a trailing B or iB is allowed)."""
+    s = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = s[-1:] if s[-1:] in _UNITS and s[-1:] else ""
+    try:
+        value = float(s[: len(s) - len(unit)])
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (e.g. 16G, 512M)") from None
+    if value <= 0:
+        raise ValueError(f"a size must be positive, got {text!r}")
+    return int(value * _UNITS[unit])

@@ -8,16 +8,19 @@ and queries answered between steps. It implements the API's `EngineClient`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 from radixserve.radix import CachedPrefix, KVPagePool, RequestPageTable
+from radixserve.radix.page_store import PageStore
 from radixserve.runtime.admission import Admission
 from radixserve.runtime.attention import make_attention_backend
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.detokenizer import IncrementalDetokenizer
+from radixserve.runtime.disk_tier import DiskTier, cache_key, retain_until
 from radixserve.runtime.engine_client import (EngineHealth, EngineRefusal, EngineStats, Prompt, PrefixSummary,
                                               RefusalKind)
 from radixserve.runtime.engine_loop import (Abort, AddRequest, CheckPages, EngineLoop, FlushCache, LiveRequests,
@@ -89,7 +92,8 @@ class Engine:
         self.kv_cache = KVCache(mc.num_layers, self.pool.num_pages, p, mc.num_kv_heads, mc.head_dim,
                                 self.dtype, self.device)
         table = RequestPageTable(config.max_running_requests, -(-mc.max_context_len // p), self.device)
-        kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache)
+        disk = self._open_cache_dir(files) if config.cache_dir is not None else None
+        kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache, disk=disk)
         scheduler = Scheduler(config, kv)
         attention = make_attention_backend(config.attention_backend, self.kv_cache, table.table, mc.num_heads,
                                            platform)
@@ -100,6 +104,12 @@ class Engine:
         platform.warm_up_kernels(mc.vocab_size)
         outputs = OutputProcessor(scheduler, self.structured, self.live, self.eos_token_ids, mc.max_context_len)
         return LoopParts(scheduler, kv, runner, sampler, outputs)
+
+    def _open_cache_dir(self, files: ModelFiles) -> DiskTier:
+        p = self.config.page_size
+        key = cache_key(files.weights, files.tokenizer, files.config, self.dtype, p)
+        store = PageStore(self.config.cache_dir, key, p, DiskTier.page_bytes(self.kv_cache), self.config.cache_dir_size)
+        return DiskTier(store, self.kv_cache, p)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -117,6 +127,10 @@ class Engine:
             raise stopped(self.loop.fatal_error)
         params = params or SamplingParams()
         params.validate(self.model_config.vocab_size)
+        if retain_until(params.prompt_cache_retention) and self.kv.disk is None:
+            raise EngineRefusal(RefusalKind.INVALID, f"prompt_cache_retention {params.prompt_cache_retention!r} "
+                                "keeps prefixes on disk: this server runs without --cache-dir",
+                                "prompt_cache_retention")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.admission.check(ids, params.max_tokens)
         rid = request_id or uuid.uuid4().hex
@@ -172,7 +186,10 @@ class Engine:
             kv_pages_used=kv.pages_used, kv_pages_cached=kv.pages_cached, kv_pages_free=kv.pages_free,
             last_step_seconds=loop.last_step_seconds, last_batch_size=loop.last_batch_size,
             # dict() copies in one C call, so the loop thread adding a key meanwhile cannot break it
-            cache_keys={k: (v[0], v[1]) for k, v in dict(sched.stats.by_cache_key).items()})
+            cache_keys={k: (v[0], v[1]) for k, v in dict(sched.stats.by_cache_key).items()},
+            prefix_cache_disk_hit_tokens=sched.stats.disk_hit_tokens,
+            cache_dir=None if kv.disk is None else dataclasses.replace(kv.disk.store.stats),
+            cache_dir_max_bytes=0 if kv.disk is None else kv.disk.store.max_bytes)
 
     def health(self) -> EngineHealth:
         loop = self.loop
@@ -203,6 +220,8 @@ class Engine:
     def shutdown(self) -> None:
         self.loop.stop()
         self.structured.shutdown()
+        if self.kv.disk is not None:   # after the loop: nothing queues writes any more
+            self.kv.disk.close()
 
     def __enter__(self):
         return self

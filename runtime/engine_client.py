@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Optional, Protocol, Sequence, Union
 
 if TYPE_CHECKING:
+    from radixserve.radix.page_store import StoreStats
     from radixserve.radix import CachedPrefix
     from radixserve.grammar.spec import GrammarError
     from radixserve.runtime.admission import Admission
@@ -72,6 +73,9 @@ class EngineStats:
     last_batch_size: int = 0        # requests in the latest step
     # prompt_cache_key -> (prompt tokens, of them served from the prefix cache), bounded
     cache_keys: dict[str, tuple[int, int]] = field(default_factory=dict)
+    prefix_cache_disk_hit_tokens: int = 0   # of the hits, read back from the disk tier
+    cache_dir: Optional[StoreStats] = None   # the disk tier's files and traffic (None: no --cache-dir)
+    cache_dir_max_bytes: int = 0
 
 
 @dataclass(frozen=True)

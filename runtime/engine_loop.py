@@ -250,12 +250,18 @@ class EngineLoop:
         idle = not self.scheduler.has_work()
         if idle and not was_idle:
             self._check_pages_when_idle()
-        # while grammars compile, wake up often to see whether they are ready
-        self._drain_inbox(timeout=(0.005 if self.structured.pending else 0.5) if idle else None)
+        # while grammars compile or pages are read from disk, wake up often to see whether they are ready
+        disk = self.kv.disk
+        waiting = self.structured.pending or (disk is not None and disk.pending)
+        self._drain_inbox(timeout=(0.005 if waiting else 0.5) if idle else None)
         if self._stop.is_set():
             return idle
         if self.structured.pending:
             self._admit_compiled()
+        if disk is not None and disk.pending:
+            for req in disk.poll():
+                if not req.is_finished:
+                    self.scheduler.add(req)
         batch = self.scheduler.schedule()
         if batch is None or self._run_step(batch):
             self.failed_steps = 0
@@ -311,7 +317,7 @@ class EngineLoop:
     def _admit_compiled(self) -> None:
         ready, failed = self.structured.poll()
         for req in ready:
-            self.scheduler.add(req)
+            self._queue(req)
         for req, message, refusal in failed:
             self.outputs.finish(req, "error", error=message, refusal=refusal, cache=False)
 
@@ -375,7 +381,13 @@ class EngineLoop:
         if m.req.grammar is not None:
             self.structured.wait_for(m.req)
         else:
-            self.scheduler.add(m.req)
+            self._queue(m.req)
+
+    def _queue(self, req: Request) -> None:
+        """Into the waiting queue; first, where its prompt continues on disk, read those pages."""
+        disk = self.kv.disk
+        if disk is None or not disk.read_ahead(req, self.kv.tree, self.kv.pool.num_pages):
+            self.scheduler.add(req)
 
     def _on_abort(self, m: Abort) -> None:
         for req in self.live.all() if m.request_id is None else [self.live.get(m.request_id)]:

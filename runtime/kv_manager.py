@@ -10,16 +10,20 @@ from typing import Optional
 
 from radixserve.radix import KVPagePool, RadixCache, RequestPageTable
 from radixserve.radix.page_pool import OutOfPagesError
+from radixserve.radix.prefix_hash import root_hash
+from radixserve.runtime.disk_tier import DiskLoad, DiskTier, retain_until
 from radixserve.runtime.request import Request
 
 
 class KVManager:
-    def __init__(self, pool: KVPagePool, page_table: RequestPageTable, radix_enabled: bool = True):
+    def __init__(self, pool: KVPagePool, page_table: RequestPageTable, radix_enabled: bool = True,
+                 disk: Optional[DiskTier] = None):
         self.pool = pool
         self.page_size = pool.page_size
         self.tree = RadixCache(pool.page_size)
         self.table = page_table
         self.radix_enabled = radix_enabled
+        self.disk = disk if radix_enabled else None   # the tree's lower tier (`--cache-dir`)
         self.evicted_tokens = 0            # cached tokens dropped from the tree to make room
 
     # ---- accounting ------------------------------------------------------
@@ -63,23 +67,57 @@ class KVManager:
             return 0
         # leave at least one token to compute: its logits give the next token
         pages, node = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1], req.params.cache_salt)
-        self.tree.record_hit(node)
         self.tree.lock(node)
+        load, req.disk_load = req.disk_load, None
+        if load is not None:
+            pages, node = self._read_back(req, pages, node, load)
+        self.tree.record_hit(node)
         n = len(pages) * self.page_size
         req.tree_node, req.tree_len, req.kv_len, req.pages = node, n, n, pages
         self.table.write(req.page_row, 0, pages)
         return n
+
+    def _read_back(self, req: Request, pages: list[int], node, load: DiskLoad):
+        """Extend the tree's prefix `pages` (ending at the locked `node`) with the pages read from disk
+        that follow it, as far as the pool allows; the new path is returned locked instead."""
+        p, start = self.page_size, len(pages)
+        reads = load.reads[start - load.first:] if load.first <= start else []
+        k = min(len(reads), self.available_pages())
+        if k == 0:
+            return pages, node
+        self._make_free(k)
+        new = self.pool.alloc(k)
+        self.disk.copy_in(new, reads[:k])
+        tokens, salt = req.token_ids[:(start + k) * p], req.params.cache_salt
+        self.pool.free(self.tree.insert(tokens, pages + new, salt).duplicates)
+        pages, deeper = self.tree.match_prefix(tokens, salt)
+        self.tree.lock(deeper)
+        self.tree.unlock(node)
+        req.disk_hit_tokens = k * p
+        return pages, deeper
+
+    def _make_free(self, n: int) -> None:
+        """Evict tree leaves (LRU) until `n` pages are free, if they can be; with a disk tier, what
+        is not on disk yet is offered to it first."""
+        short = n - self.pool.num_free
+        if short <= 0:
+            return
+        if self.disk is None:
+            dropped = self.tree.evict(short * self.page_size)
+        else:
+            dropped = []
+            for leaf in self.tree.evict_leaves(short * self.page_size, hashed=True):
+                self.disk.persist(leaf.hashes, leaf.key, leaf.pages, leaf.salt)
+                dropped.extend(leaf.pages)
+        self.pool.free(dropped)
+        self.evicted_tokens += len(dropped) * self.page_size
 
     def alloc(self, req: Request, new_tokens: int) -> bool:
         """Give `req` pages for `new_tokens` more positions, evicting tree leaves if needed."""
         n = self.pages_needed(req, new_tokens)
         if n <= 0:
             return True
-        short = n - self.pool.num_free
-        if short > 0:
-            dropped = self.tree.evict(short * self.page_size)
-            self.pool.free(dropped)
-            self.evicted_tokens += len(dropped) * self.page_size
+        self._make_free(n)
         try:
             pages = self.pool.alloc(n)
         except OutOfPagesError:
@@ -113,6 +151,11 @@ class KVManager:
         self.tree.lock(node)
         if req.tree_node is not None:
             self.tree.unlock(req.tree_node)
+        if self.disk is not None:   # with a retention, every page of the prompt is (re)kept, not only new ones
+            retain = retain_until(req.params.prompt_cache_retention)
+            first = 0 if retain else req.tree_len // self.page_size
+            self.disk.persist(self.tree.path_hashes(node)[first:k], req.token_ids[first * self.page_size:n],
+                              req.pages[first:k], salt, retain)
         req.tree_node, req.tree_len = node, n
 
     def release(self, req: Request, cache: bool = True) -> None:
@@ -131,6 +174,8 @@ class KVManager:
         """Drop the cached prefixes no request holds (all, or one salt's); returns the tokens dropped."""
         pages = self.tree.drop_unused(salt, every_salt)
         self.pool.free(pages)
+        if self.disk is not None:
+            self.disk.store.drop(None if every_salt else root_hash(salt))
         return len(pages) * self.page_size
 
     def flush(self) -> None:

@@ -138,6 +138,8 @@ class Request:
     tree_node: Any = None                  # locked radix node covering positions [0, tree_len)
     tree_len: int = 0
     cached_tokens: int = 0                 # prompt tokens served from the radix cache (first admission)
+    disk_hit_tokens: int = 0               # of them, read back from the disk tier
+    disk_load: Any = None                  # disk_tier.DiskLoad: pages read ahead while it waited
     first_admitted: bool = False
     preemptions: int = 0                   # times this request was preempted (it resumes from the tree)
     held_steps: int = 0                    # steps it waited for another request to prefill a shared prefix

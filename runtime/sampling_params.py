@@ -39,6 +39,9 @@ class SamplingParams:
     # OpenAI's name for requests that share a prefix: their cache hits are counted under it, and
     # with replicas the router keeps one key on one replica
     prompt_cache_key: Optional[str] = None
+    # OpenAI's: "in_memory" (None: the same), or "24h": its prefix stays in the disk tier for a day
+    # whatever the LRU (needs --cache-dir)
+    prompt_cache_retention: Optional[str] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -95,5 +98,7 @@ class SamplingParams:
         if self.prompt_cache_key is not None and not (isinstance(self.prompt_cache_key, str)
                                                       and 0 < len(self.prompt_cache_key) <= MAX_CACHE_SALT):
             fail("prompt_cache_key", f"must be a non-empty string of at most {MAX_CACHE_SALT} characters")
+        if self.prompt_cache_retention not in (None, "in_memory", "24h"):
+            fail("prompt_cache_retention", f"must be 'in_memory' or '24h', got {self.prompt_cache_retention!r}")
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             fail("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")

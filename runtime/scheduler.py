@@ -60,6 +60,7 @@ class SchedulerStats:
     """Running totals since start-up (read by the metrics endpoint)."""
     preemptions: int = 0
     cache_hit_tokens: int = 0     # prompt tokens served from the radix cache on first admission
+    disk_hit_tokens: int = 0      # of them, read back from the disk tier (`--cache-dir`)
     prompt_tokens: int = 0        # prompt tokens of admitted requests (= prefix-cache queried tokens)
     prefill_tokens: int = 0       # tokens computed by prefill chunks, recomputation after preemption included
     held_for_sharing: int = 0     # times a request waited for another to prefill the prefix they share
@@ -188,6 +189,7 @@ class Scheduler:
             req.first_admitted = True
             req.cached_tokens = cached
             self.stats.cache_hit_tokens += cached
+            self.stats.disk_hit_tokens += req.disk_hit_tokens
             self.stats.prompt_tokens += len(req.prompt_ids)
             if req.params.prompt_cache_key is not None:
                 self.stats.count_cache_key(req.params.prompt_cache_key, len(req.prompt_ids), cached)

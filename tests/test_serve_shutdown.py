@@ -4,57 +4,19 @@ engine stops serving, it exits non-zero instead, so that a supervisor restarts i
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 import httpx
 import pytest
 
-from .api_server import free_port
+from .serve_process import Server
 
 SHUTDOWN_TIMEOUT = 6.0
 LONG = 2000  # tokens: far more than fit in the timeout on any machine this runs on
-FAULTY_SERVE = Path(__file__).with_name("faulty_serve.py")
-
-
-class Server:
-    def __init__(self, *flags: str, fault: Optional[str] = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        command = [str(FAULTY_SERVE), fault] if fault else ["-m", "radixserve.api.cli"]
-        self.proc = subprocess.Popen(
-            [sys.executable, *command, "serve", "--port", str(self.port), "--kv-cache-tokens", "8192",
-             "--dtype", "float32", "--served-model-name", "smol", "--log-level", "info", *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.proc.poll() is None, self.proc.communicate()
-            assert time.monotonic() < deadline, "the server did not become healthy"
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-
-    def wait(self, timeout: float) -> tuple[int, str]:
-        """Exit status and stderr (the log)."""
-        _, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, err
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
-
-
 @dataclass
 class Stream:
     """One raw SSE chat stream read on a thread: every `data:` payload, in order."""

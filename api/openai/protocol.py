@@ -219,10 +219,10 @@ class StructuredOutputs(_Strict):
 
 # Requests share cached prefixes only with requests of the same salt (vLLM's `cache_salt`).
 CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT)]
-# OpenAI's: a name for requests that share a prefix (accepted; this server matches prefixes by
-# their tokens anyway), and how long a cached prefix is kept: in memory, LRU (`24h` needs a disk tier).
+# OpenAI's: a name for requests that share a prefix (metrics by key; one replica per key), and how
+# long a cached prefix is kept: in memory, LRU, or `24h` in the disk tier (needs --cache-dir).
 PromptCacheKey = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT)]
-PromptCacheRetention = Literal["in_memory"]
+PromptCacheRetention = Literal["in_memory", "24h"]
 
 
 class StreamOptions(_Strict):

@@ -34,6 +34,7 @@ def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: Optional[
         priority=given(req.priority, 0),   # lower first, under --schedule-policy priority
         cache_salt=req.cache_salt,
         prompt_cache_key=req.prompt_cache_key,
+        prompt_cache_retention=req.prompt_cache_retention,
     )
 
 

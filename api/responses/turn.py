@@ -49,7 +49,7 @@ def build_turn(req: ResponsesRequest, store: ResponseStore) -> Turn:
             tools=[ToolDefinition(function=t.as_chat_function()) for t in req.tools] if req.tools else None,
             tool_choice=_tool_choice(req.tool_choice), parallel_tool_calls=req.parallel_tool_calls,
             response_format=_response_format(req), cache_salt=req.cache_salt,
-            prompt_cache_key=req.prompt_cache_key)
+            prompt_cache_key=req.prompt_cache_key, prompt_cache_retention=req.prompt_cache_retention)
     except ValidationError as e:  # the Responses model already checked these; kept as a 400, never a 500
         raise bad_request(f"input: {e.errors()[0]['msg']}", param="input") from None
     return Turn(chat, history, previous)

@@ -1,7 +1,7 @@
 """`GET /v1/cache`: what the prefix cache holds now, for the web page's cache view and for people
 who would rather read JSON than /metrics: the KV pool by owner, the requests running and waiting,
 the hit ratio so far, and the longest (or most reused) cached prefixes with how often each was
-reused and their page hash. Prompt text
+reused and their page hash, and the disk tier's size and traffic. Prompt text
 is private: prefixes are shown as token counts unless the server was started with
 `--ui-show-prefix-text`. `DELETE /v1/cache` drops every cached prefix no request is using, or one
 tenant's (`?cache_salt=`)."""
@@ -41,7 +41,18 @@ class PrefixCacheTotals(BaseModel):
     queried_tokens: int = Field(description="prompt tokens looked up in the cache since start-up")
     hit_tokens: int = Field(description="of those, served from the cache")
     hit_ratio: float
-    evicted_tokens: int
+    evicted_tokens: int = Field(description="cached tokens dropped from memory to make room")
+    disk_hit_tokens: int = Field(description="of the hits, read back from the disk tier")
+
+
+class DiskTierView(BaseModel):
+    pages: int = Field(description="KV pages in --cache-dir")
+    bytes: int
+    max_bytes: int = Field(description="--cache-dir-size")
+    bytes_written: int
+    bytes_read: int
+    corrupt_files: int = Field(description="page files dropped as short, torn or failing their checksum")
+    dropped_writes: int = Field(description="pages not written: the queue was full, or the disk full of retained pages")
 
 
 class CachedPrefixView(BaseModel):
@@ -57,6 +68,7 @@ class CacheView(BaseModel):
     kv_pages: KVPages
     requests: RequestCounts
     prefix_cache: PrefixCacheTotals
+    disk: Optional[DiskTierView] = Field(description="the disk tier below the tree (null without --cache-dir)")
     prefixes: list[CachedPrefixView] = Field(description="the top cached prefixes by `order`, first the most "
                                                          "(none with --replicas: each replica has its own tree)")
     prefix_text: bool = Field(description="whether prefixes carry their text")
@@ -110,5 +122,8 @@ async def cache_view(limit: int = Query(default=DEFAULT_PREFIXES, ge=0, le=MAX_P
         prefix_cache=PrefixCacheTotals(
             queried_tokens=s.prefix_cache_queried_tokens, hit_tokens=s.prefix_cache_hit_tokens,
             hit_ratio=s.prefix_cache_hit_tokens / s.prefix_cache_queried_tokens if s.prefix_cache_queried_tokens else 0.0,
-            evicted_tokens=s.evicted_tokens),
+            evicted_tokens=s.evicted_tokens, disk_hit_tokens=s.prefix_cache_disk_hit_tokens),
+        disk=None if (d := s.cache_dir) is None else DiskTierView(
+            pages=d.files, bytes=d.bytes, max_bytes=s.cache_dir_max_bytes, bytes_written=d.bytes_written,
+            bytes_read=d.bytes_read, corrupt_files=d.corrupt_dropped, dropped_writes=d.writes_dropped),
         prefixes=prefixes, prefix_text=show_text)

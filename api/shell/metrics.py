@@ -48,6 +48,25 @@ class _EngineCollector(Collector):
             ("radixserve_preemptions", "Requests preempted for KV pages", s.preemptions),
         ):
             yield CounterMetricFamily(name, doc, value=value)
+        tiers = CounterMetricFamily("radixserve_prefix_cache_tier_hit_tokens",
+                                    "Prompt tokens served from the prefix cache, by tier", labels=["tier"])
+        tiers.add_metric(["memory"], s.prefix_cache_hit_tokens - s.prefix_cache_disk_hit_tokens)
+        tiers.add_metric(["disk"], s.prefix_cache_disk_hit_tokens)
+        yield tiers
+        if s.cache_dir is not None:
+            d = s.cache_dir
+            yield GaugeMetricFamily("radixserve_cache_dir_bytes", "Bytes of KV pages in --cache-dir", value=d.bytes)
+            yield GaugeMetricFamily("radixserve_cache_dir_pages", "KV pages in --cache-dir", value=d.files)
+            for name, doc, value in (
+                ("radixserve_cache_dir_written_bytes", "Bytes of KV pages written to --cache-dir", d.bytes_written),
+                ("radixserve_cache_dir_read_bytes", "Bytes of KV pages read back from --cache-dir", d.bytes_read),
+                ("radixserve_cache_dir_corrupt_files", "Page files dropped as short, torn or failing their "
+                 "checksum", d.corrupt_dropped),
+                ("radixserve_cache_dir_dropped_writes", "Pages not written: the write queue was full, or the "
+                 "directory full of retained pages", d.writes_dropped),
+                ("radixserve_cache_dir_evicted_files", "Page files deleted by --cache-dir-size", d.evicted),
+            ):
+                yield CounterMetricFamily(name, doc, value=value)
         for name, doc, index in (
             ("radixserve_prompt_cache_key_prompt_tokens", "Prompt tokens admitted, by prompt_cache_key", 0),
             ("radixserve_prompt_cache_key_hit_tokens", "Of those, served from the prefix cache, by prompt_cache_key", 1),

@@ -1,0 +1,177 @@
+"""The prefix cache's disk tier (`--cache-dir`): KV pages between the pool and a PageStore.
+
+A page is written when it enters the radix tree, so a prompt's KV is on disk moments after its
+prefill and survives a restart or a SIGKILL; a page whose write was dropped (the queue was full) is
+offered again when the tree evicts it. Only copying a page out of the pool runs on the loop thread;
+checksums and file I/O run on the store's threads.
+
+A request whose prompt continues, past what the tree holds, into pages on disk waits (like one whose
+grammar compiles) while the reader thread reads and checks them, then is queued; on admission the
+KV manager copies them into pool pages and the tree, and the request starts with them cached.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from radixserve.radix import RadixCache
+from radixserve.radix.page_store import PageRead, PageStore, PageWrite
+from radixserve.radix.prefix_hash import page_hashes, root_hash
+from radixserve.runtime.kv_cache import KVCache
+from radixserve.runtime.request import Request
+
+log = logging.getLogger("radixserve.cache_dir")
+
+RETENTION_SECONDS = {"in_memory": 0.0, "24h": 24 * 3600.0}
+# host memory that pages read ahead for waiting requests may take at once; a request beyond it is
+# queued without them (and recomputes)
+MAX_READ_AHEAD_BYTES = 1 << 30
+# bytes of a tensor hashed in full; beyond, 16 windows of 64 KiB spread over it (an 8B model's key
+# then costs ~0.3 GB of reads, not 16)
+_FULL_HASH_BYTES = 1 << 20
+_WINDOW = 64 << 10
+
+
+@dataclass(frozen=True)
+class DiskLoad:
+    """Pages read for a waiting request: `reads[i]` is its page `first + i`."""
+    first: int
+    reads: list[PageRead]
+
+
+def cache_key(weights: dict, tokenizer, model_config, dtype: torch.dtype, page_size: int) -> bytes:
+    """16 bytes naming everything a page's KV depends on: the weights (names, shapes, types and
+    bytes), the tokenizer and chat template, the model config, the KV dtype and the page size."""
+    h = hashlib.blake2b(digest_size=16, person=b"radixserve-kv")
+    h.update(repr((str(dtype), page_size, repr(model_config))).encode())
+    h.update(tokenizer.tok.to_str().encode())
+    h.update((tokenizer.chat_template or "").encode())
+    for name in sorted(weights):
+        w = weights[name]
+        if isinstance(w, torch.Tensor):
+            data = w.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+            h.update(repr((name, str(w.dtype), tuple(w.shape))).encode())
+        else:   # a BlockTensor: the file's bytes and its row order
+            data = np.ascontiguousarray(w.data).reshape(-1)
+            rows = None if w.row_map is None else w.row_map.tobytes()
+            h.update(repr((name, w.kind, w.cols, w.data.shape)).encode())
+            if rows is not None:
+                h.update(rows)
+        _hash_bytes(h, data)
+    return h.digest()
+
+
+def _hash_bytes(h, data: np.ndarray) -> None:
+    if data.nbytes <= _FULL_HASH_BYTES:
+        h.update(memoryview(data))
+        return
+    for start in np.linspace(0, data.nbytes - _WINDOW, 16).astype(np.int64):
+        h.update(memoryview(data[start:start + _WINDOW]))
+
+
+class DiskTier:
+    def __init__(self, store: PageStore, kv_cache: KVCache, page_size: int):
+        self.store, self.kv_cache, self.page_size = store, kv_cache, page_size
+        self._loading: deque[tuple[Request, Future, int, int]] = deque()   # (req, future, first page, bytes)
+        self._loading_bytes = 0
+
+    @staticmethod
+    def page_bytes(kv_cache: KVCache) -> int:
+        """One page's K and V, every layer."""
+        k = kv_cache.k
+        return 2 * k[:, 0].numel() * k.element_size()
+
+    # ---- writing (loop thread) -----------------------------------------------------------------
+    def persist(self, hashes: list[int], tokens: list[int], pages: list[int], salt: Optional[str],
+                retain_until: float = 0.0) -> None:
+        """Store the pages not on disk yet (`tokens`: theirs, page after page); extend the retention
+        of those that are. Never waits: a full queue drops the write."""
+        p, store = self.page_size, self.store
+        new = []
+        for i, h in enumerate(hashes):
+            if not store.has(h):
+                new.append(i)
+            elif retain_until and store.retention(h) < retain_until:
+                store.retain(h, retain_until)
+        if not new:
+            return
+        host = self._copy_out([pages[i] for i in new])
+        tenant = root_hash(salt)
+        store.write([PageWrite(hashes[i], tenant, tokens[i * p:(i + 1) * p], host[j], retain_until)
+                     for j, i in enumerate(new)])
+
+    def _copy_out(self, pages: list[int]) -> list[np.ndarray]:
+        idx = torch.tensor(pages, dtype=torch.long, device=self.kv_cache.k.device)
+        k, v = self.kv_cache.k.index_select(1, idx), self.kv_cache.v.index_select(1, idx)
+        both = torch.stack((k, v), dim=1).transpose(0, 2).cpu().contiguous()   # [pages, 2, layers, ...]
+        flat = both.reshape(len(pages), -1).view(torch.uint8).numpy()
+        return list(flat)
+
+    def copy_in(self, pages: list[int], reads: list[PageRead]) -> None:
+        """Write pages read from disk into pool pages `pages`."""
+        k, v = self.kv_cache.k, self.kv_cache.v
+        shape = (2,) + tuple(k[:, 0].shape)
+        for page, read in zip(pages, reads):
+            src = torch.frombuffer(read.payload, dtype=torch.uint8).view(k.dtype).view(shape).to(k.device)
+            k[:, page] = src[0]
+            v[:, page] = src[1]
+
+    # ---- reading ahead (loop thread) ------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        return bool(self._loading)
+
+    def read_ahead(self, req: Request, tree: RadixCache, max_pages: int) -> bool:
+        """Start reading the pages on disk that continue `req`'s prompt past what the tree holds;
+        whether it did (the request then waits for `poll`)."""
+        p, salt = self.page_size, req.params.cache_salt
+        limit = req.num_tokens - 1   # the last prompt token is always computed: its logits sample
+        tokens = req.token_ids[: limit - limit % p]
+        held = tree.match_length(tokens, len(tokens), salt)[0] // p
+        if held == len(tokens) // p:
+            return False
+        hashes = page_hashes(tokens, p, root_hash(salt))
+        end = held
+        while end < len(hashes) and end - held < max_pages and self.store.stored(hashes[end]):
+            end += 1
+        size = (end - held) * self.store.file_bytes
+        if end == held or self._loading_bytes + size > MAX_READ_AHEAD_BYTES:
+            return False
+        future = self.store.read(hashes[held:end], [tokens[i * p:(i + 1) * p] for i in range(held, end)],
+                                 root_hash(salt))
+        self._loading.append((req, future, held, size))
+        self._loading_bytes += size
+        return True
+
+    def poll(self) -> list[Request]:
+        """Waiting requests whose reads are done, oldest first, each with its `disk_load` set."""
+        ready = []
+        while self._loading and self._loading[0][1].done():
+            req, future, first, size = self._loading.popleft()
+            self._loading_bytes -= size
+            try:
+                reads = future.result()
+            except Exception:   # the request recomputes what it could not read
+                log.exception("cache dir: reading %s's pages failed", req.request_id)
+                reads = []
+            if reads and not req.is_finished:
+                req.disk_load = DiskLoad(first, reads)
+            ready.append(req)
+        return ready
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def retain_until(retention: Optional[str]) -> float:
+    """The unix time before which a request's pages stay on disk whatever the LRU (0: none)."""
+    seconds = RETENTION_SECONDS.get(retention or "in_memory", 0.0)
+    return float(int(time.time() + seconds)) if seconds else 0.0   # whole seconds, as page files keep it
