@@ -2,7 +2,7 @@
 
 - restart: a ~2,000-token system prompt is served cold; the server is SIGKILLed and restarted on the
   same cache dir; the same request again: cached tokens, identical text, latency against the cold one.
-- eviction: agents with their own ~1,000-token system prompts, 3x what the KV pool holds, sending
+- eviction: agents with their own ~600-token system prompts, 3x what the KV pool holds, sending
   turns round-robin with 2 in flight; one server with --cache-dir, one without, alternately in one
   sitting: throughput and TTFT p50.
 - spill: decode TPOT of streams whose unique prompts keep the pool evicting (every page is spilled,
@@ -143,7 +143,7 @@ def agent_workload(url: str, systems: list[str], rounds: int, concurrency: int) 
 
 def part_eviction(args) -> dict:
     pool = args.pool_tokens
-    agents = max(2, 3 * pool // args.agent_tokens)
+    agents = max(2, -(-3 * pool // args.agent_tokens))   # their prompts: 3x the pool
     out = {"pool_tokens": pool, "agents": agents, "agent_tokens": args.agent_tokens, "runs": []}
     for rnd in range(args.rounds):
         for disk in (False, True):
@@ -211,9 +211,9 @@ def main() -> None:
     ap.add_argument("--parts", nargs="+", default=["restart", "eviction", "spill"])
     ap.add_argument("--rounds", type=int, default=2, help="alternating repetitions of each part")
     ap.add_argument("--restart-tokens", type=int, default=2000)
-    ap.add_argument("--pool-tokens", type=int, default=2048)
-    ap.add_argument("--agent-tokens", type=int, default=1000)
-    ap.add_argument("--agent-rounds", type=int, default=3, help="turns each agent sends")
+    ap.add_argument("--pool-tokens", type=int, default=1536)
+    ap.add_argument("--agent-tokens", type=int, default=600)
+    ap.add_argument("--agent-rounds", type=int, default=4, help="turns each agent sends")
     ap.add_argument("--spill-requests", type=int, default=12)
     ap.add_argument("--spill-prompt-tokens", type=int, default=600)
     ap.add_argument("--flags", nargs="*", default=[], help="more `radixserve serve` flags, e.g. --flags=--dtype=float32")

@@ -31,8 +31,8 @@ from radixserve.runtime.request import Request
 log = logging.getLogger("radixserve.cache_dir")
 
 RETENTION_SECONDS = {"in_memory": 0.0, "24h": 24 * 3600.0}
-# host memory that pages read ahead for waiting requests may take at once; a request beyond it is
-# queued without them (and recomputes)
+# host memory that pages read ahead for waiting requests may take at once, from the read until the
+# request is admitted (or ends); a request beyond it is queued without them (and recomputes)
 MAX_READ_AHEAD_BYTES = 1 << 30
 # bytes of a tensor hashed in full; beyond, 16 windows of 64 KiB spread over it (an 8B model's key
 # then costs ~0.3 GB of reads, not 16)
@@ -45,6 +45,7 @@ class DiskLoad:
     """Pages read for a waiting request: `reads[i]` is its page `first + i`."""
     first: int
     reads: list[PageRead]
+    size: int   # host bytes they take until `DiskTier.release`
 
 
 def cache_key(weights: dict, tokenizer, model_config, dtype: torch.dtype, page_size: int) -> bytes:
@@ -81,7 +82,7 @@ class DiskTier:
     def __init__(self, store: PageStore, kv_cache: KVCache, page_size: int):
         self.store, self.kv_cache, self.page_size = store, kv_cache, page_size
         self._loading: deque[tuple[Request, Future, int, int]] = deque()   # (req, future, first page, bytes)
-        self._loading_bytes = 0
+        self._read_ahead_bytes = 0   # of the loads being read and those read but not yet released
 
     @staticmethod
     def page_bytes(kv_cache: KVCache) -> int:
@@ -129,6 +130,10 @@ class DiskTier:
     def pending(self) -> bool:
         return bool(self._loading)
 
+    @property
+    def read_ahead_bytes(self) -> int:
+        return self._read_ahead_bytes
+
     def read_ahead(self, req: Request, tree: RadixCache, max_pages: int) -> bool:
         """Start reading the pages on disk that continue `req`'s prompt past what the tree holds;
         whether it did (the request then waits for `poll`)."""
@@ -143,12 +148,12 @@ class DiskTier:
         while end < len(hashes) and end - held < max_pages and self.store.stored(hashes[end]):
             end += 1
         size = (end - held) * self.store.file_bytes
-        if end == held or self._loading_bytes + size > MAX_READ_AHEAD_BYTES:
+        if end == held or self._read_ahead_bytes + size > MAX_READ_AHEAD_BYTES:
             return False
         future = self.store.read(hashes[held:end], [tokens[i * p:(i + 1) * p] for i in range(held, end)],
                                  root_hash(salt))
         self._loading.append((req, future, held, size))
-        self._loading_bytes += size
+        self._read_ahead_bytes += size
         return True
 
     def poll(self) -> list[Request]:
@@ -156,16 +161,21 @@ class DiskTier:
         ready = []
         while self._loading and self._loading[0][1].done():
             req, future, first, size = self._loading.popleft()
-            self._loading_bytes -= size
             try:
                 reads = future.result()
             except Exception:   # the request recomputes what it could not read
                 log.exception("cache dir: reading %s's pages failed", req.request_id)
                 reads = []
             if reads and not req.is_finished:
-                req.disk_load = DiskLoad(first, reads)
+                req.disk_load = DiskLoad(first, reads, size)
+            else:
+                self._read_ahead_bytes -= size
             ready.append(req)
         return ready
+
+    def release(self, load: DiskLoad) -> None:
+        """The request admitted with `load`, or ended before: its bytes no longer count."""
+        self._read_ahead_bytes -= load.size
 
     def close(self) -> None:
         self.store.close()

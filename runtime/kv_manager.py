@@ -80,6 +80,7 @@ class KVManager:
     def _read_back(self, req: Request, pages: list[int], node, load: DiskLoad):
         """Extend the tree's prefix `pages` (ending at the locked `node`) with the pages read from disk
         that follow it, as far as the pool allows; the new path is returned locked instead."""
+        self.disk.release(load)
         p, start = self.page_size, len(pages)
         reads = load.reads[start - load.first:] if load.first <= start else []
         k = min(len(reads), self.available_pages())
@@ -160,6 +161,9 @@ class KVManager:
 
     def release(self, req: Request, cache: bool = True) -> None:
         """Return everything the request holds; with `cache`, its computed prefix stays in the tree."""
+        if req.disk_load is not None:   # it ends before its pages read ahead were used
+            self.disk.release(req.disk_load)
+            req.disk_load = None
         if req.page_row < 0:
             return
         if cache:

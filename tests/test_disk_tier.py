@@ -77,6 +77,7 @@ def test_a_restarted_engine_reads_the_prompt_back_with_the_same_text(make_engine
     assert warm.text == cold.text
     assert warm.cached_tokens >= 0.9 * warm.prompt_tokens
     assert again.stats().prefix_cache_disk_hit_tokens == warm.cached_tokens
+    assert again.kv.disk.read_ahead_bytes == 0
 
 
 def test_an_evicted_prefix_is_read_back_not_recomputed(make_engine, tmp_path):
@@ -159,6 +160,7 @@ def test_a_request_aborted_while_its_pages_are_read_ends_and_leaks_nothing(make_
     again.abort("reading")
     assert stream.wait_finished()[-1].finish_reason in ("abort", "length", "stop")
     assert again.generate(TEXT, GREEDY)[0].cached_tokens > 0
+    assert again.kv.disk.read_ahead_bytes == 0   # what it read counts no more
 
 
 def test_no_disk_thread_outlives_its_engine(default_model_files, tmp_path):
