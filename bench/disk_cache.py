@@ -8,7 +8,7 @@
 - spill: decode TPOT of streams whose unique prompts keep the pool evicting (every page is spilled,
   none is ever read back), with and without --cache-dir, alternating runs.
 
-Writes bench/results/disk_cache.json.
+Writes bench/results/disk_cache.json (the parts run, next to those already there).
 
     .venv/bin/python bench/disk_cache.py                    # all three (~15 minutes on 2 cores)
     .venv/bin/python bench/disk_cache.py --parts restart    # one part
@@ -219,11 +219,13 @@ def main() -> None:
     ap.add_argument("--flags", nargs="*", default=[], help="more `radixserve serve` flags, e.g. --flags=--dtype=float32")
     ap.add_argument("--out", default=str(ROOT / "bench/results/disk_cache.json"))
     args = ap.parse_args()
-    report = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-              "command": f"bench/disk_cache.py --parts {' '.join(args.parts)} --rounds {args.rounds}"
-                         + "".join(f" --flags={f}" for f in args.flags)}
+    out = Path(args.out)
+    report = json.loads(out.read_text()) if out.exists() else {}   # parts run separately add up
+    report.update(machine=platform.processor() or platform.machine(), cpus=os.cpu_count())
+    command = (f"bench/disk_cache.py --parts {' '.join(args.parts)} --rounds {args.rounds}"
+               + "".join(f" --flags={f}" for f in args.flags))
     for part in args.parts:
-        report[part] = globals()[f"part_{part}"](args)
+        report[part] = {"command": command, **globals()[f"part_{part}"](args)}
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
 

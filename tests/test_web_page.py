@@ -23,12 +23,12 @@ LAST = "#messages .msg.assistant >> nth=-1"
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixserve.api.cli", "serve", "--port", str(port), "--api-key", KEY,
-         "--kv-cache-tokens", "16384", "--log-level", "warning"],
+         "--kv-cache-tokens", "16384", "--log-level", "warning", "--cache-dir", str(tmp_path_factory.mktemp("kv"))],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         deadline = time.monotonic() + 180
@@ -219,6 +219,15 @@ def test_the_cache_view_shows_the_pool_filling(chat):
     assert int(page.get_attribute("#kv-chart", "data-samples")) >= 2
     assert page.locator("#prefixes tbody tr").count() > 0
     assert page.inner_text("#hit-ratio").endswith("%")
+
+
+def test_the_cache_view_shows_the_pages_on_disk(chat):
+    page = chat.page
+    chat.settings(max_tokens="4", system="Another system prompt, about canals and their locks. " * 8)
+    chat.finished(chat.send("Hello"))
+    expect(page.locator("#disk")).to_be_visible(timeout=10_000)
+    expect(page.locator("#disk-pages")).not_to_have_text(re.compile(r"^(–|0)$"), timeout=10_000)
+    assert page.inner_text("#disk-max") == "17.2 GB"   # --cache-dir-size's default, 16 GiB
 
 
 def test_a_wrong_key_is_refused_and_asked_for_again(browser, server):

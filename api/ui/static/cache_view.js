@@ -45,8 +45,19 @@ export class CacheView {
     const c = view.prefix_cache;
     $("hit-ratio").textContent = c.queried_tokens ? `${(100 * c.hit_ratio).toFixed(1)}%` : "–";
     $("hit-tokens").textContent = `${c.hit_tokens} of ${c.queried_tokens} prompt tokens`;
+    this.disk(view);
     this.table(view);
     this.draw();
+  }
+
+  disk(view) {   // the tier under the tree, when the server runs with --cache-dir
+    const d = view.disk;
+    $("disk-head").hidden = $("disk").hidden = !d;
+    if (!d) return;
+    $("disk-pages").textContent = d.pages;
+    $("disk-size").textContent = megabytes(d.bytes);
+    $("disk-max").textContent = megabytes(d.max_bytes);
+    $("disk-hits").textContent = view.prefix_cache.disk_hit_tokens;
   }
 
   table(view) {
@@ -96,4 +107,8 @@ export class CacheView {
     g.fillText(`${Math.round(ceiling)} pages`, 4, 12);
     canvas.dataset.samples = this.samples.length;
   }
+}
+
+function megabytes(bytes) {
+  return bytes >= 1e9 ? `${(bytes / 1e9).toFixed(1)} GB` : `${(bytes / 1e6).toFixed(1)} MB`;
 }
