@@ -38,7 +38,7 @@ TEST_WORKERS ?= 2
 test: setup chromium
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
-# Every figure in README.md; about 1.5 hours on 2 cores. bench/compare.py includes llama.cpp once
+# Every figure in README.md; about 2 hours on 2 cores. bench/compare.py includes llama.cpp once
 # `make bench-peers` has built it.
 bench: setup
 	$(PIP) install -q -e '.[test,ray,bench]' $(TORCH_PIN)
@@ -57,6 +57,8 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/ray_router.py --routers radix,radix-sticky,text,pow2 --kv-cache-tokens 4096 --json bench/results/ray_router_4096.json
 	HF_HUB_OFFLINE=1 $(PY) bench/compare.py
 	HF_HUB_OFFLINE=1 $(PY) bench/single_stream.py
+	HF_HUB_OFFLINE=1 $(PY) bench/disk_cache.py
+	HF_HUB_OFFLINE=1 $(PY) bench/disk_cache.py --parts restart --rounds 1 --flags=--dtype=float32 --out bench/results/disk_cache_float32.json
 
 # Opt-in, never part of `make test`: llama.cpp's server built from source (~5 minutes on 2 cores).
 bench-peers: setup
