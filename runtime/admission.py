@@ -1,6 +1,7 @@
-"""The one token-budget rule: a prompt and its completion must fit the model's context and the KV
-pool. The engine applies it at submit; the API asks it for a default `max_tokens` and the OpenAPI
-document for its limits, so the three can never disagree."""
+"""The one admission rule: a prompt and its completion must fit the model's context and the KV
+pool, and a prompt's cache retention must be one this engine keeps. The engine applies it at
+submit; the API asks it for a default `max_tokens` and the OpenAPI document for its limits, so the
+three can never disagree."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ class Admission:
     max_context_len: int
     vocab_size: int
     kv_capacity_tokens: int
+    # `prompt_cache_retention` values it keeps: "24h" needs the disk tier (`--cache-dir`)
+    retentions: tuple[str, ...] = ("in_memory",)
 
     @property
     def room(self) -> int:
@@ -60,7 +63,13 @@ class Admission:
             return False
         return True
 
-    def check(self, ids: Sequence[int], max_tokens: int) -> None:
+    def check_retention(self, retention: Optional[str]) -> None:
+        if retention is not None and retention not in self.retentions:
+            raise EngineRefusal(RefusalKind.INVALID, f"{retention!r} keeps prefixes on disk, and this server runs "
+                                "without --cache-dir", "prompt_cache_retention")
+
+    def check(self, ids: Sequence[int], max_tokens: int, retention: Optional[str] = None) -> None:
         """What submit asks of every request."""
         self.check_prompt(ids)
         self.max_tokens(len(ids), max_tokens)
+        self.check_retention(retention)

@@ -31,6 +31,7 @@ from radixserve.runtime.request import Request
 log = logging.getLogger("radixserve.cache_dir")
 
 RETENTION_SECONDS = {"in_memory": 0.0, "24h": 24 * 3600.0}
+RETENTIONS = tuple(RETENTION_SECONDS)   # `prompt_cache_retention` values, the first kept without a disk tier
 # host memory that pages read ahead for waiting requests may take at once, from the read until the
 # request is admitted (or ends); a request beyond it is queued without them (and recomputes)
 MAX_READ_AHEAD_BYTES = 1 << 30

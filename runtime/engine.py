@@ -20,7 +20,7 @@ from radixserve.runtime.admission import Admission
 from radixserve.runtime.attention import make_attention_backend
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.detokenizer import IncrementalDetokenizer
-from radixserve.runtime.disk_tier import DiskTier, cache_key, retain_until
+from radixserve.runtime.disk_tier import RETENTIONS, DiskTier, cache_key
 from radixserve.runtime.engine_client import (EngineHealth, EngineRefusal, EngineStats, Prompt, PrefixSummary,
                                               RefusalKind)
 from radixserve.runtime.engine_loop import (Abort, AddRequest, CheckPages, EngineLoop, FlushCache, LiveRequests,
@@ -77,7 +77,8 @@ class Engine:
         self.loop = EngineLoop(config, self.live, self.structured, self.platform)
         parts = self.loop.start(lambda: self._build(files))
         self.scheduler, self.kv, self.runner, self.outputs = parts.scheduler, parts.kv, parts.runner, parts.outputs
-        self.admission = Admission(files.config.max_context_len, files.config.vocab_size, self.pool.num_slots)
+        self.admission = Admission(files.config.max_context_len, files.config.vocab_size, self.pool.num_slots,
+                                   RETENTIONS if self.kv.disk is not None else RETENTIONS[:1])
 
     def _build(self, files: ModelFiles) -> LoopParts:
         """On the loop thread: the model, the KV pool and cache, and the loop's collaborators."""
@@ -127,12 +128,8 @@ class Engine:
             raise stopped(self.loop.fatal_error)
         params = params or SamplingParams()
         params.validate(self.model_config.vocab_size)
-        if retain_until(params.prompt_cache_retention) and self.kv.disk is None:
-            raise EngineRefusal(RefusalKind.INVALID, f"prompt_cache_retention {params.prompt_cache_retention!r} "
-                                "keeps prefixes on disk: this server runs without --cache-dir",
-                                "prompt_cache_retention")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self.admission.check(ids, params.max_tokens)
+        self.admission.check(ids, params.max_tokens, params.prompt_cache_retention)
         rid = request_id or uuid.uuid4().hex
         stream = OutputStream(rid)
         req = Request(rid, ids, params, stream)

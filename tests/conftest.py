@@ -2,6 +2,7 @@
 checked for the KV page invariant and drained of cached pages when the test ends."""
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -48,6 +49,10 @@ def make_engine(default_model_files):
             assert_all_pages_free(engine)
         finally:
             engine.shutdown()
+    # an engine is a graph of cycles (threads, backends): without a collection its weights and KV
+    # pool (~1 GB at float32) outlive the test, and a worker running many such tests runs out of memory
+    engines.clear()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ reach the disk; a SIGKILLed server keeps its cache."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import shutil
 import signal
 import threading
@@ -42,6 +43,8 @@ def served_then_stopped(files, cache_dir, requests: list[tuple[str, SamplingPara
         assert_all_pages_free(engine)
     finally:
         engine.shutdown()
+        del engine
+        gc.collect()   # its ~1 GB of weights and KV pool (see conftest's make_engine)
     assert not [t for t in set(threading.enumerate()) - before if "cache-dir" in t.name and t.is_alive()]
     return results
 

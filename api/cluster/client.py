@@ -70,7 +70,8 @@ class RemoteEngine:
         self.model_config = files.config
         self.page_size = info.page_size
         self.kv_capacity_tokens = info.kv_capacity_tokens
-        self.admission = Admission(files.config.max_context_len, files.config.vocab_size, info.kv_capacity_tokens)
+        self.admission = Admission(files.config.max_context_len, files.config.vocab_size, info.kv_capacity_tokens,
+                                   info.retentions)
         self.device = info.device
         self.dtype = info.dtype
         self._send_text = send_text  # for a router that matches prompt text (bench/ray_router.py)

@@ -48,6 +48,7 @@ class ReplicaInfo:
     kv_capacity_tokens: int
     device: str
     dtype: str
+    retentions: tuple[str, ...] = ("in_memory",)   # prompt_cache_retention values its engine keeps
 
 
 @dataclass(frozen=True)

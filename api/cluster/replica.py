@@ -36,7 +36,7 @@ class EngineReplica:
     def info(self) -> ReplicaInfo:
         e = self.engine
         return ReplicaInfo(self.replica, e.model_name, e.pool.page_size, e.kv_capacity_tokens, str(e.device),
-                           str(e.dtype).replace("torch.", ""))
+                           str(e.dtype).replace("torch.", ""), e.admission.retentions)
 
     async def generate(self, call: EngineCall) -> AsyncIterator[Union[Accepted, Refused, RequestOutput]]:
         """First Accepted or Refused, then the request's outputs. A cancelled call (the client went

@@ -222,7 +222,7 @@ CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT)]
 # OpenAI's: a name for requests that share a prefix (metrics by key; one replica per key), and how
 # long a cached prefix is kept: in memory, LRU, or `24h` in the disk tier (needs --cache-dir).
 PromptCacheKey = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT)]
-PromptCacheRetention = Literal["in_memory", "24h"]
+PromptCacheRetention = Annotated[Literal["in_memory", "24h"], Field(json_schema_extra={MODEL_LIMIT: "retentions"})]
 
 
 class StreamOptions(_Strict):

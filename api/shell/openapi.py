@@ -135,12 +135,13 @@ def _document_builder(app: FastAPI, title: str) -> Callable[[], dict[str, Any]]:
     return openapi
 
 
-def _model_limits(engine) -> dict[str, int]:
-    """The engine's own admission rule, as schema maxima."""
+def _model_limits(engine) -> dict[str, Any]:
+    """The engine's own admission rule, as schema maxima (and the retentions it keeps, as an enum)."""
     if engine is None:
         return {}
     admission = engine.admission
-    return {"vocab_size": admission.vocab_size - 1, "max_new_tokens": admission.max_new_tokens}
+    return {"vocab_size": admission.vocab_size - 1, "max_new_tokens": admission.max_new_tokens,
+            "retentions": list(admission.retentions)}
 
 
 def _version() -> str:
@@ -150,7 +151,7 @@ def _version() -> str:
         return "0"
 
 
-def build_document(app: FastAPI, title: str, limits: dict[str, int], api_key: bool = False) -> dict[str, Any]:
+def build_document(app: FastAPI, title: str, limits: dict[str, Any], api_key: bool = False) -> dict[str, Any]:
     """The OpenAPI document of `app`; `limits` fills in the `maximum` of model-dependent fields."""
     # Deep-copied: the generated document shares dicts with the protocol models' schema constants.
     doc = copy.deepcopy(get_openapi(title=title, version=_version(), routes=app.routes,
@@ -209,12 +210,13 @@ def _complete_operation(path: str, operation: dict[str, Any], schemas: dict[str,
                               "with Retry-After - or the engine has stopped or stalled.", _RETRY_AFTER)
 
 
-def _fill_model_limits(node: Any, limits: dict[str, int]) -> None:
-    """Each MODEL_LIMIT marker becomes a `maximum` (or goes, while no model is loaded)."""
+def _fill_model_limits(node: Any, limits: dict[str, Any]) -> None:
+    """Each MODEL_LIMIT marker becomes a `maximum`, or for a list the `enum` (or goes, while no model
+    is loaded)."""
     if isinstance(node, dict):
         limit = node.pop(MODEL_LIMIT, None)
         if limit is not None and limit in limits:
-            node["maximum"] = limits[limit]
+            node["enum" if isinstance(limits[limit], list) else "maximum"] = limits[limit]
         for value in node.values():
             _fill_model_limits(value, limits)
     elif isinstance(node, list):
