@@ -112,12 +112,12 @@ class PageStore:
         self._index: OrderedDict[int, _Entry] = OrderedDict()   # least recently used first
         self._queued: set[int] = set()                           # hashes waiting to be written
         self._queued_bytes = 0
+        self._closed = False
         self._scan()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="radixserve-cache-dir-writer", daemon=True)
         self._writer.start()
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="radixserve-cache-dir-reader")
-        self._closed = False
 
     @staticmethod
     def file_size(page_tokens: int, payload_bytes: int) -> int:

@@ -63,10 +63,9 @@ def cache_key(weights: dict, tokenizer, model_config, dtype: torch.dtype, page_s
             h.update(repr((name, str(w.dtype), tuple(w.shape))).encode())
         else:   # a BlockTensor: the file's bytes and its row order
             data = np.ascontiguousarray(w.data).reshape(-1)
-            rows = None if w.row_map is None else w.row_map.tobytes()
             h.update(repr((name, w.kind, w.cols, w.data.shape)).encode())
-            if rows is not None:
-                h.update(rows)
+            if w.row_map is not None:
+                h.update(w.row_map.tobytes())
         _hash_bytes(h, data)
     return h.digest()
 
