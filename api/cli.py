@@ -41,6 +41,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a grammar may take to compile")
     p.add_argument("--grammar-any-whitespace", action="store_true",
                    help="let constrained JSON hold any whitespace between tokens (default: compact)")
+    p.add_argument("--no-jump-forward", dest="jump_forward", action="store_false",
+                   help="decode text a grammar forces one token a step, as any other (default: appended at once)")
     p.add_argument("--max-failed-steps", type=int, default=d.max_failed_steps,
                    help="consecutive failed engine steps after which the engine stops (the server exits non-zero)")
     p.add_argument("--seed", type=int, default=d.seed)

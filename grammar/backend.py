@@ -36,6 +36,11 @@ class GrammarMatcher(abc.ABC):
     def reset(self) -> None:
         """Back to the start of the grammar."""
 
+    def forced_string(self) -> str:
+        """The text the grammar admits as the only continuation from here (whole characters; "" when
+        the next token is a choice). A backend that cannot tell says "": it never jumps forward."""
+        return ""
+
 
 class GrammarBackend(abc.ABC):
     """Compiles specs against one vocabulary and makes matchers for compiled grammars.

@@ -25,7 +25,7 @@ from jsonschema import validators
 
 from radixserve.grammar.regex_rewrite import RegexRefused, parse as parse_regex
 from radixserve.grammar.schema_keywords import LOCAL_KEYWORDS, Unsatisfiable, any_of, local
-from radixserve.grammar.schema_merge import merge, merge_all
+from radixserve.grammar.schema_merge import MAX_BRANCHES, merge, merge_all
 from radixserve.grammar.schema_refs import RefProblem, SchemaDocument, escape
 from radixserve.grammar.schema_support import SchemaRefusal, SchemaSupport
 
@@ -169,6 +169,7 @@ class _Normaliser:
         raw = self.upgrade(raw, pointer)
         if "enum" in raw or "const" in raw:
             return self.enum(raw, pointer)
+        dependencies = self.pop_dependencies(raw)
         for kw in raw:
             if kw in self.support.unenforced_keywords:
                 self.refuse(kw, pointer, f"unsupported keyword '{kw}' ({self.support.backend} cannot enforce it)")
@@ -206,7 +207,56 @@ class _Normaliser:
                 if kw == "oneOf":   # the branches as the value meets them: with the parent's keywords
                     self.check_one_of(merged, pointer)
                 result = any_of(merged, f"{pointer}/{kw}")
+        for dependency in dependencies:
+            result = self.depend(result, *dependency, pointer)
         return result
+
+    # ---- dependencies ----------------------------------------------------------------------
+    @staticmethod
+    def pop_dependencies(raw: dict) -> list[tuple[str, str, Any]]:
+        """Take dependentRequired / dependentSchemas / dependencies (draft 4-7: either form) out of
+        `raw`: (keyword, trigger property, required names or subschema)."""
+        found = []
+        for kw in ("dependentRequired", "dependentSchemas", "dependencies"):
+            if kw in raw:   # `dependencies` is draft 4-7's; read in any draft, it asks no more than it says
+                for key, need in raw.pop(kw).items():
+                    found.append((kw, key, need))
+        return found
+
+    def depend(self, node: Any, kw: str, key: str, need: Any, pointer: str) -> Any:
+        """If `key` is present, `need` (names that must be present too, or a subschema) holds:
+        anyOf [key absent, key present and `need`], on each branch of an object's anyOf. Absent is
+        left out of the properties of an object closed to undeclared ones (the backends cannot
+        forbid one property of an open object)."""
+        entry = f"{pointer}/{kw}/{escape(key)}"
+        node = self.inline(node)
+        branches = node["anyOf"] if isinstance(node, dict) and set(node) == {"anyOf"} else [node]
+        if 2 * len(branches) > MAX_BRANCHES:
+            return self.refuse(kw, pointer, f"'{kw}' here needs {2 * len(branches)} alternatives (at most {MAX_BRANCHES})")
+        present = ({"type": "object", "required": [key, *need]} if isinstance(need, list)
+                   else merge({"type": "object", "required": [key]}, self.node(need, entry, "object"), entry, self))
+        out, closed = [], True
+        for branch in branches:
+            branch = self.inline(branch)
+            if branch is False:
+                continue
+            if (not isinstance(branch, dict) or branch.get("type") != "object" or branch.get("patternProperties")
+                    or branch.get("additionalProperties", False) is not False):
+                return self.refuse(kw, pointer, f"'{kw}' is enforced only on objects of type object whose other "
+                                                f"properties are not allowed (additionalProperties: false)")
+            closed = closed and branch.get("additionalProperties") is False
+            if key not in branch.get("required", []):
+                out.append({**branch, "additionalProperties": False,
+                            "properties": {n: v for n, v in branch.get("properties", {}).items() if n != key}})
+            try:
+                out.append(merge(branch, present, entry, self))
+            except Unsatisfiable:
+                pass
+        # exact where the object was closed and the keyword is the draft's; otherwise narrower than
+        # the schema (no undeclared properties, which strict generation never writes anyway)
+        exact = closed and (self.draft <= 7) == (kw == "dependencies")
+        self.note(kw, entry, f"rewritten as anyOf over the presence of {key!r}", exact)
+        return any_of(out, pointer)
 
     def upgrade(self, raw: Mapping[str, Any], pointer: str) -> dict:
         """Older drafts' spellings in 2020-12's; keywords that assert nothing here dropped."""

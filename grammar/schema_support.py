@@ -3,7 +3,8 @@
 Found by compiling one schema per keyword (and per pair of keywords) and trying a violating and a
 valid string: tests/test_grammar_backends.py and tests/test_json_schema_normalise.py keep the
 refused ones honest. What both backends drop is rewritten by the normaliser instead (`anyOf` next
-to other keywords, `pattern` next to lengths, `enum` next to anything), so it is not listed here."""
+to other keywords, `pattern` next to lengths, `enum` next to anything, the dependency keywords on
+closed objects), so it is not listed here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,7 @@ from radixserve.grammar.spec import GrammarError
 
 # Assertions that neither backend turns into grammar rules.
 UNENFORCED_BY_ALL = frozenset({
-    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-    "uniqueItems", "contains", "minContains", "maxContains", "$dynamicRef", "$recursiveRef",
+    "not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains", "$dynamicRef", "$recursiveRef",
     "unevaluatedProperties", "unevaluatedItems",
 })
 

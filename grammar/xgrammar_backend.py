@@ -22,6 +22,13 @@ COMPACT_SEPARATORS = (",", ":")
 
 # xgrammar's C++ errors start with "[12:34:56] /path/file.cc:123: "
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
+# xgrammar prints U+0080..U+00FF as `\xHH`, and its parser reads every hex digit after `\x`: "é0"
+# printed comes back as U+E90, a character no token spells (an empty mask). `\u00HH` reads 4 digits.
+_BYTE_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\x([0-9a-fA-F]{2})")
+
+
+def _exact_escapes(ebnf: str) -> str:
+    return _BYTE_ESCAPE.sub(lambda m: f"{m.group(1)}\\u00{m.group(2)}", ebnf)
 
 
 def _error(kind: str, e: Exception) -> GrammarError:
@@ -80,7 +87,7 @@ class XGrammarBackend(GrammarBackend):
                 separators=None if self.any_whitespace else COMPACT_SEPARATORS)
         except Exception as e:
             raise _error(where, e) from None
-        return bound_xgrammar_ebnf(str(grammar))
+        return bound_xgrammar_ebnf(_exact_escapes(str(grammar)))
 
     def _structural_tag_format(self, spec: StructuralTagSpec) -> dict[str, Any]:
         tags = [{"type": "tag", "begin": t.begin, "end": t.end, "content": {
@@ -128,6 +135,11 @@ class XGrammarMatcher(GrammarMatcher):
 
     def is_terminated(self) -> bool:
         return self._matcher.is_terminated()
+
+    def forced_string(self) -> str:
+        if self._matcher.is_terminated():
+            return ""
+        return self._matcher.find_jump_forward_string()
 
     def reset(self) -> None:
         self._matcher.reset()

@@ -37,6 +37,9 @@ class EngineConfig:
     # JSON comes out compact (no whitespace between tokens, as OpenAI's); True lets the model put
     # any whitespace there (vLLM's structured outputs default; a small model may loop on it)
     grammar_any_whitespace: bool = False
+    # text a grammar forces (keys, `":`, closing brackets, tool-call markup) is appended without
+    # sampling and computed in one extend chunk: one step instead of one per token
+    jump_forward: bool = True
     # consecutive failed steps after which the engine stops serving (a CUDA error is sticky: every
     # later step fails too); the server then exits non-zero so that a supervisor restarts it
     max_failed_steps: int = 3

@@ -53,6 +53,7 @@ class CompletionResult:
     prompt_tokens: int
     cached_tokens: int
     logprobs: list
+    forced_tokens: int = 0   # of token_ids, appended by jump-forward
 
 
 class Engine:
@@ -71,7 +72,8 @@ class Engine:
         self.structured = StructuredOutput(config.grammar_backend, self.tokenizer, files.config.vocab_size,
                                            self.eos_token_ids, config.max_running_requests,
                                            config.grammar_compile_timeout, self.platform.pin_host_buffers,
-                                           any_whitespace=config.grammar_any_whitespace)
+                                           any_whitespace=config.grammar_any_whitespace,
+                                           jump_forward=config.jump_forward)
         self.live = LiveRequests(config.max_waiting_requests + config.max_running_requests)
         self.platform.prepare_process()  # before the loop thread exists (e.g. it shares malloc's arena)
         self.loop = EngineLoop(config, self.live, self.structured, self.platform)
@@ -186,7 +188,8 @@ class Engine:
             cache_keys={k: (v[0], v[1]) for k, v in dict(sched.stats.by_cache_key).items()},
             prefix_cache_disk_hit_tokens=sched.stats.disk_hit_tokens,
             cache_dir=None if kv.disk is None else dataclasses.replace(kv.disk.store.stats),
-            cache_dir_max_bytes=0 if kv.disk is None else kv.disk.store.max_bytes)
+            cache_dir_max_bytes=0 if kv.disk is None else kv.disk.store.max_bytes,
+            forced_tokens=self.structured.timings.forced_tokens)
 
     def health(self) -> EngineHealth:
         loop = self.loop
@@ -237,4 +240,4 @@ def collect(stream: OutputStream) -> CompletionResult:
         lps.extend(out.logprobs)
         last = out
     return CompletionResult(stream.request_id, "".join(text), ids, last.finish_reason,
-                            last.prompt_tokens, last.cached_tokens, lps)
+                            last.prompt_tokens, last.cached_tokens, lps, last.forced_tokens)

@@ -76,6 +76,7 @@ class EngineStats:
     prefix_cache_disk_hit_tokens: int = 0   # of the hits, read back from the disk tier
     cache_dir: Optional[StoreStats] = None   # the disk tier's files and traffic (None: no --cache-dir)
     cache_dir_max_bytes: int = 0
+    forced_tokens: int = 0          # of generation_tokens, appended by jump-forward without a step
 
 
 @dataclass(frozen=True)

@@ -310,7 +310,10 @@ class EngineLoop:
         for item in batch.decodes:
             self.kv.advance(item.req, 1, cache=False)
         for item in batch.extends:
-            self.kv.advance(item.req, item.num_tokens, cache=True)
+            # a prompt's chunks enter the tree as they land; a run of forced output tokens
+            # (jump-forward) is output, cached when the request ends, as decodes are
+            prefill = item.req.kv_len < len(item.req.prompt_ids)
+            self.kv.advance(item.req, item.num_tokens, cache=prefill)
         for req, token, logprob in zip(sampling, tokens, logprobs):
             self.outputs.commit(req, token, logprob)
 

@@ -23,42 +23,61 @@ class OutputProcessor:
         self.generation_tokens = 0
 
     def commit(self, req: Request, token: int, logprob: Optional[TokenLogprob]) -> None:
-        p = req.params
-        req.append_token(token)
+        """A sampled token, then the tokens its grammar forces after it (jump-forward): one output.
+        Forced tokens count as output (`max_tokens` included) and, where logprobs are asked for,
+        carry logprob 0 with themselves as the only candidate: the grammar left no other."""
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
+        if req.matcher is not None and not req.matcher.accept_token(token):
+            self.finish(req, "error", error=f"internal error: the grammar rejected token {token}")
+            return
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob] = []
+        reason = self._append(req, token, logprob, tokens, logprobs)
+        if reason is None:
+            p = req.params
+            limit = min(p.max_tokens - len(req.output_ids), self.max_context_len - req.num_tokens)
+            for forced in self.structured.force(req, limit):
+                req.forced_tokens += 1
+                certain = TokenLogprob(forced, 0.0, [(forced, 0.0)] if p.logprobs else []) \
+                    if p.logprobs is not None else None
+                reason = self._append(req, forced, certain, tokens, logprobs)
+                if reason is not None:
+                    break
+        if reason is not None:
+            self.finish(req, reason, tokens, logprobs)
+            return
+        req.stream.put(RequestOutput(req.request_id, req.detok.pop_delta(), tokens, logprobs,
+                                     prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
+                                     cached_tokens=req.cached_tokens, forced_tokens=req.forced_tokens))
+
+    def _append(self, req: Request, token: int, logprob: Optional[TokenLogprob], tokens: list[int],
+                logprobs: list[TokenLogprob]) -> Optional[str]:
+        """Add one token the grammar (if any) has accepted; the finish reason it causes, or None."""
+        p = req.params
+        req.append_token(token)
         self.generation_tokens += 1
+        tokens.append(token)
         if logprob is not None:
+            logprobs.append(logprob)
             req.logprobs.append(logprob)
-        if req.matcher is not None:
-            if not req.matcher.accept_token(token):
-                self.finish(req, "error", error=f"internal error: the grammar rejected token {token}")
-                return
-            if req.matcher.is_terminated():  # only a stop token ends a grammar: no text to add
-                self.finish(req, "stop", token=token, logprob=logprob)
-                return
+        if req.matcher is not None and req.matcher.is_terminated():
+            return "stop"   # only a stop token ends a grammar: no text to add
         n_out = len(req.output_ids)
-        reason = None
         hit_stop_id = token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids)
         if hit_stop_id and n_out >= p.min_tokens:
-            reason = "stop"
-        else:
-            req.detok.add_token(token)
-            if req.detok.stopped and n_out >= p.min_tokens:
-                reason = "stop"
-        if reason is None and (n_out >= p.max_tokens or req.num_tokens >= self.max_context_len):
-            reason = "length"
-        if reason is not None:
-            self.finish(req, reason, token=token, logprob=logprob)
-            return
-        req.stream.put(RequestOutput(req.request_id, req.detok.pop_delta(), [token], [logprob] if logprob else [],
-                                     prompt_tokens=len(req.prompt_ids), completion_tokens=n_out,
-                                     cached_tokens=req.cached_tokens))
+            return "stop"
+        req.detok.add_token(token)
+        if req.detok.stopped and n_out >= p.min_tokens:
+            return "stop"
+        if n_out >= p.max_tokens or req.num_tokens >= self.max_context_len:
+            return "length"
+        return None
 
-    def finish(self, req: Request, reason: str, token: Optional[int] = None, logprob=None,
+    def finish(self, req: Request, reason: str, tokens: Sequence[int] = (), logprobs: Sequence[TokenLogprob] = (),
                error: Optional[str] = None, refusal: Optional[EngineRefusal] = None, cache: bool = True) -> None:
-        """End `req` with `reason`; an "error" carries `error` (internal) or `refusal` (the
-        request's own fault, e.g. a grammar that does not compile)."""
+        """End `req` with `reason`, its last `tokens` in the final output; an "error" carries `error`
+        (internal) or `refusal` (the request's own fault, e.g. a grammar that does not compile)."""
         req.finish_reason = reason
         req.status = RequestStatus.ABORTED if reason in ("abort", "error") else RequestStatus.FINISHED
         text = ""
@@ -70,8 +89,7 @@ class OutputProcessor:
         finally:  # whatever failed above, the stream gets its final output
             self.live.remove(req.request_id)
             req.stream.put(RequestOutput(
-                req.request_id, text, [token] if token is not None else [], [logprob] if logprob else [],
-                finish_reason=reason, error=error or (str(refusal) if refusal else None), refusal=refusal,
+                req.request_id, text, list(tokens), list(logprobs), finish_reason=reason, error=error or (str(refusal) if refusal else None), refusal=refusal,
                 prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
-                cached_tokens=req.cached_tokens,
+                cached_tokens=req.cached_tokens, forced_tokens=req.forced_tokens,
                 time_to_first_token=(req.first_token_time - req.arrival_time) if req.first_token_time else None))

@@ -40,6 +40,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    forced_tokens: int = 0                   # of completion_tokens, appended by jump-forward (not sampled)
     time_to_first_token: Optional[float] = None  # seconds from submit, on the final output
 
     @property
@@ -146,6 +147,7 @@ class Request:
     detok: Any = None                      # IncrementalDetokenizer
     finish_reason: Optional[str] = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    forced_tokens: int = 0                 # outputs its grammar forced (jump-forward), not sampled
     grammar: Any = None                    # grammar.CompileHandle while its grammar compiles
     matcher: Any = None                    # grammar.GrammarMatcher once compiled
 

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 import torch
 
 from radixserve.grammar import GrammarBackend, GrammarCompiler, GrammarError, GrammarSpec, make_grammar_backend
+from radixserve.grammar.jump_forward import ForcedTokens
 from radixserve.kernels.bitmask import apply_token_bitmask_
 from radixserve.runtime.engine_client import EngineRefusal
 from radixserve.runtime.request import Request
@@ -22,19 +23,24 @@ from radixserve.runtime.tokenizer import Tokenizer
 
 @dataclass
 class MaskTimings:
-    """Totals since start-up, for the structured-output benchmark."""
+    """Totals since start-up, for the structured-output benchmark and the metrics."""
     steps: int = 0
     rows: int = 0
     fill_s: float = 0.0
     apply_s: float = 0.0
+    forced_runs: int = 0       # jump-forward: times forced tokens were appended
+    forced_tokens: int = 0     # tokens appended so, each one a decode step saved
+    forced_s: float = 0.0      # finding and tokenizing forced strings, accepting their tokens
 
 
 class StructuredOutput:
     def __init__(self, backend_name: str, tokenizer: Tokenizer, model_vocab_size: int,
                  stop_token_ids: Sequence[int], max_rows: int, compile_timeout_s: float,
-                 pin_bitmask: bool = False, any_whitespace: bool = False):
+                 pin_bitmask: bool = False, any_whitespace: bool = False, jump_forward: bool = True):
         self.backend_name = backend_name
         self.any_whitespace = any_whitespace
+        self.jump_forward = jump_forward
+        self._forced: Optional[ForcedTokens] = None
         self._tokenizer = tokenizer
         self._vocab_size = model_vocab_size
         self._stop_ids = tuple(stop_token_ids)
@@ -56,6 +62,8 @@ class StructuredOutput:
                 # one allocation, reused every step
                 self.bitmask = backend.allocate_bitmask(self._max_rows, pin_memory=self._pin_bitmask)
                 self.compiler = GrammarCompiler(backend, timeout_s=self._timeout)
+                self._forced = ForcedTokens(lambda text: self._tokenizer.encode(text, add_special_tokens=False),
+                                            vocab.token_bytes)
                 self.backend = backend
             return self.backend
 
@@ -127,6 +135,26 @@ class StructuredOutput:
         tm.apply_s += time.perf_counter() - t0
         tm.steps += 1
         tm.rows += len(rows)
+
+    def force(self, req: Request, limit: int) -> list[int]:
+        """Jump-forward: the tokens `req`'s grammar forces next (at most `limit`), already accepted by
+        its matcher; [] where the next token is the model's choice."""
+        if not self.jump_forward or req.matcher is None or limit <= 0:
+            return []
+        t0 = time.perf_counter()
+        accepted = []
+        text = req.matcher.forced_string()
+        if text:
+            for token in self._forced(text)[:limit]:
+                if not req.matcher.accept_token(token):
+                    break   # not expected (the tokens spell forced text); the model goes on from here
+                accepted.append(token)
+        tm = self.timings
+        tm.forced_s += time.perf_counter() - t0
+        if accepted:
+            tm.forced_runs += 1
+            tm.forced_tokens += len(accepted)
+        return accepted
 
     def shutdown(self) -> None:
         if self.compiler is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from radixserve.grammar.json_schema import normalise_json_schema
+from radixserve.grammar.json_schema import normalise_json_schema, validator_class
 from radixserve.grammar.number_bounds import LARGEST
 from radixserve.grammar.schema_support import OUTLINES_SUPPORT, XGRAMMAR_SUPPORT, SchemaRefusal
 
@@ -252,9 +252,55 @@ def test_draft4_boolean_exclusive_bounds_are_read_as_draft4():
     assert normal(schema) == {"type": "integer", "minimum": 1, "maximum": 9}
 
 
+# ---- dependencies ----------------------------------------------------------------------------
+CLOSED = {"type": "object", "additionalProperties": False,
+          "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}}}
+EVERY_SUBSET = [{k: v for i, (k, v) in enumerate({"a": 1, "b": "x", "c": True}.items()) if mask >> i & 1}
+                for mask in range(8)]
+
+
+def _agree(original, normal_form):
+    reference = validator_class(original)(original)
+    return [value for value in EVERY_SUBSET if reference.is_valid(value) != accepts(normal_form, value)]
+
+
+@pytest.mark.parametrize("keyword,value", [
+    ("dependentRequired", {"a": ["b"], "c": ["a", "b"]}),
+    ("dependentSchemas", {"a": {"required": ["b"]}, "c": {"properties": {"a": {"maximum": 0}}}}),
+])
+def test_dependent_keywords_on_a_closed_object_are_rewritten_exactly(keyword, value):
+    schema = {**CLOSED, keyword: value}
+    result = normalise_json_schema(schema, XGRAMMAR_SUPPORT)
+    assert _agree(schema, result.schema) == []
+    assert all(note.exact for note in result.notes if note.keyword == keyword)
+
+
+@pytest.mark.parametrize("value", [{"a": ["b"]}, {"a": {"required": ["c"]}}])
+def test_draft07_dependencies_in_either_form_are_rewritten_exactly(value):
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", **CLOSED, "dependencies": value}
+    result = normalise_json_schema(schema, XGRAMMAR_SUPPORT)
+    assert _agree(schema, result.schema) == []
+    assert [n.exact for n in result.notes if n.keyword == "dependencies"] == [True]
+
+
+def test_dependencies_on_an_open_object_admit_only_declared_properties_and_say_so():
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "loop": {"type": "array"}},
+              "dependencies": {"loop": ["name"]}}
+    result = normalise_json_schema(schema, XGRAMMAR_SUPPORT)
+    assert accepts(result.schema, {"loop": [], "name": "x"}) and accepts(result.schema, {"name": "x"})
+    assert not accepts(result.schema, {"loop": []})
+    assert [n.exact for n in result.notes if n.keyword == "dependencies"] == [False]
+
+
+def test_a_dependency_on_a_required_property_only_adds_its_requirement():
+    schema = {**CLOSED, "required": ["a"], "dependentRequired": {"a": ["c"]}}
+    assert normal(schema) == normal({**CLOSED, "required": ["a", "c"]})
+
+
 # ---- what stays refused --------------------------------------------------------------------
 @pytest.mark.parametrize("schema,keyword,pointer", [
-    ({"type": "object", "properties": {"a": {"type": "string"}}, "dependencies": {"a": ["b"]}}, "dependencies", "/"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {"type": "integer"},
+      "dependencies": {"a": ["b"]}}, "dependencies", "/"),
     ({"type": "object", "properties": {"l": {"type": "array", "uniqueItems": True}}}, "uniqueItems", "/properties/l"),
     ({"oneOf": [{"type": "integer"}, {"type": "integer", "minimum": 3}]}, "oneOf", "/"),
     ({"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.5}}}, "multipleOf", "/properties/x"),

@@ -2,7 +2,7 @@
 schemas in real-world shapes (allOf, $ref with siblings into any key, undeclared required,
 OpenAPI formats, anchored alternatives, patterns beside lengths, one-sided ranges, anyOf beside
 other keywords, oneOf with distinct types or mutually exclusive keys, enums beside other keywords,
-recursion), every instance
+dependencies in both drafts' spellings, recursion), every instance
 the normalised schema accepts, the original accepts (under the original's draft); where the pass
 says the rewrite is exact, the two agree on instances near the boundary too. A refusal points at a
 place that exists in the original schema."""
@@ -83,7 +83,14 @@ def _extend(children):
                                               "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
                           st.dictionaries(st.sampled_from(NAMES), children, max_size=3),
                           st.lists(st.sampled_from(NAMES), max_size=1))
-    return objects | arrays | tuples | all_of | any_of | one_of | choice | exclusive
+    dependent = st.builds(
+        lambda props, extra, dep: {"type": "object", "properties": props, **extra, **dep},
+        st.dictionaries(st.sampled_from(NAMES), children, min_size=1, max_size=4),
+        st.sampled_from([{}, {"additionalProperties": False}, {"additionalProperties": False, "required": ["b"]}]),
+        st.sampled_from([{"dependentRequired": {"a": ["b"]}}, {"dependentRequired": {"a": ["b", "c"], "b": ["d"]}},
+                         {"dependentSchemas": {"b": {"required": ["a"]}}}, {"dependencies": {"a": ["c"]}},
+                         {"dependencies": {"c": {"properties": {"a": {"type": "integer"}}}}}]))
+    return objects | arrays | tuples | all_of | any_of | one_of | choice | exclusive | dependent
 
 
 subschemas = st.recursive(strings | integers | numbers | misc, _extend, max_leaves=6)

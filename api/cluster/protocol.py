@@ -74,6 +74,7 @@ class ReplicaReport:
     kv_pages_used: int = 0     # by owner, for the cache view (GET /v1/cache) summed over replicas
     kv_pages_cached: int = 0
     kv_pages_free: int = 0
+    forced_tokens: int = 0
 
     @property
     def queue(self) -> int:

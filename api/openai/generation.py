@@ -35,6 +35,7 @@ class Choice:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    forced_tokens: int = 0
     finish_reason: Optional[str] = None
     error: Optional[str] = None
     text: list[str] = field(default_factory=list)
@@ -49,6 +50,7 @@ class Choice:
         self.prompt_tokens = out.prompt_tokens or self.prompt_tokens
         self.completion_tokens = out.completion_tokens
         self.cached_tokens = out.cached_tokens
+        self.forced_tokens = out.forced_tokens
         if out.finished:
             self.finish_reason, self.error = out.finish_reason, out.error
 
@@ -187,5 +189,9 @@ class Generation:
         prompt = sum(g[0].prompt_tokens for g in groups if g)
         cached = sum(min(c.cached_tokens for c in g) for g in groups if g)
         completion = sum(c.completion_tokens for c in self.choices)
+        # forced_tokens (an extension): completion tokens the grammar forced and jump-forward
+        # appended without sampling; they count in completion_tokens as any other
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": cached}}
+                "prompt_tokens_details": {"cached_tokens": cached},
+                "completion_tokens_details": {"reasoning_tokens": 0,
+                                              "forced_tokens": sum(c.forced_tokens for c in self.choices)}}

@@ -145,7 +145,8 @@ class _ResponseReply:
         chat = self.gen.usage()
         return {"input_tokens": chat["prompt_tokens"],
                 "input_tokens_details": {"cached_tokens": chat["prompt_tokens_details"]["cached_tokens"]},
-                "output_tokens": chat["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens": chat["completion_tokens"], "output_tokens_details": {
+                    "reasoning_tokens": 0, "forced_tokens": chat["completion_tokens_details"]["forced_tokens"]},
                 "total_tokens": chat["total_tokens"]}
 
     def _body(self, status: str, output: list[dict[str, Any]], usage: Optional[dict[str, Any]],

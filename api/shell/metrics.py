@@ -45,6 +45,8 @@ class _EngineCollector(Collector):
              s.prefix_cache_hit_tokens),
             ("radixserve_prompt_tokens", "Prompt tokens admitted", s.prompt_tokens),
             ("radixserve_generation_tokens", "Tokens generated", s.generation_tokens),
+            ("radixserve_jump_forward_tokens", "Generated tokens a grammar forced, appended without a decode step",
+             s.forced_tokens),
             ("radixserve_preemptions", "Requests preempted for KV pages", s.preemptions),
         ):
             yield CounterMetricFamily(name, doc, value=value)
