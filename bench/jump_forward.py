@@ -79,12 +79,15 @@ def workload(n: int) -> list[tuple[str, dict, list[dict]]]:
     return out
 
 
+_MODEL: list = [None]
+
+
 def one(client: OpenAI, item, max_tokens: int) -> dict:
     name, schema, messages = item
     t0 = time.perf_counter()
     first, text, usage, reason = None, [], None, None
     stream = client.chat.completions.create(
-        model="default", messages=messages, temperature=0, max_tokens=max_tokens, stream=True,
+        model=_MODEL[0], messages=messages, temperature=0, max_tokens=max_tokens, stream=True,
         stream_options={"include_usage": True},
         response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}})
     for chunk in stream:
@@ -109,6 +112,7 @@ def one(client: OpenAI, item, max_tokens: int) -> dict:
 
 def run_round(url: str, items, concurrency: int, max_tokens: int) -> dict:
     client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    _MODEL[0] = client.models.list().data[0].id
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda it: one(client, it, max_tokens), items))

@@ -85,5 +85,9 @@ class DecodeGraphRunner:
         self.static[:, :bs].copy_(torch.tensor(padded, dtype=torch.long))  # one host-to-device copy
         if bs in self.graphs:
             self.graphs[bs].replay()
-            return self.outputs[bs][:n]
-        return self.model.forward(self.batches[bs], self.attention)[:n]
+            logits = self.outputs[bs][:n]
+        else:
+            logits = self.model.forward(self.batches[bs], self.attention)[:n]
+        if len(layout.sample_rows) < n:   # rows of a forced run: only each request's last is sampled
+            logits = logits[torch.tensor(layout.sample_rows, device=logits.device)]
+        return logits

@@ -308,7 +308,7 @@ class EngineLoop:
         tokens, logprobs = self.sampler.sample(logits, sampling) if sampling else ([], [])
         self.steps += 1
         for item in batch.decodes:
-            self.kv.advance(item.req, 1, cache=False)
+            self.kv.advance(item.req, item.num_tokens, cache=False)
         for item in batch.extends:
             # a prompt's chunks enter the tree as they land; a run of forced output tokens
             # (jump-forward) is output, cached when the request ends, as decodes are

@@ -49,10 +49,12 @@ class BatchLayout:
     decodes: list[DecodeSeq] = field(default_factory=list)
     extends: list[ExtendSeq] = field(default_factory=list)
 
-    def add_decode(self, token: int, position: int, page_row: int, pages: Sequence[int]) -> None:
-        """A request's newest token, at `position`; its logits are sampled."""
+    def add_decode(self, token: int, position: int, page_row: int, pages: Sequence[int], samples: bool = True) -> None:
+        """A request's token at `position`, attending to its context up to itself; `samples`: its
+        logits are needed (a request's newest token, not one of a forced run before it)."""
         self.decodes.append(DecodeSeq(page_row, position + 1, pages))
-        self.sample_rows.append(len(self.ids))
+        if samples:
+            self.sample_rows.append(len(self.ids))
         self.ids.append(token)
         self.positions.append(position)
         self.out_slots.append(output_slot(pages, position, self.page_size))

@@ -45,14 +45,15 @@ class ModelRunner:
         layout = BatchLayout(self.page_size)
         for item in batch.decodes:
             r = item.req
-            layout.add_decode(r.token_ids[r.kv_len], r.kv_len, r.page_row, r.pages)
+            for pos in range(r.kv_len, r.kv_len + item.num_tokens):
+                layout.add_decode(r.token_ids[pos], pos, r.page_row, r.pages, samples=pos == r.num_tokens - 1)
         for item in batch.extends:
             r = item.req
             layout.add_extend(r.token_ids, r.kv_len, item.num_tokens, r.page_row, r.pages, item.samples)
         return layout
 
     def forward(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Logits [rows that sample, vocab], in the order of `batch.items` that sample."""
+        """Logits [rows that sample, vocab], in the order of `batch.items` (each decode samples)."""
         self.table.upload(self.platform.upload)
         layout = self.layout(batch)
         if self.graphs is not None and not layout.extends:

@@ -21,12 +21,17 @@ ADMISSION_SCAN_LIMIT = 256
 # Requests passed over for lack of pages per step, where the order allows it (each costs a
 # prefix match and a release).
 MAX_PASSED_OVER = 16
+# Output tokens not yet computed (a run a grammar forced, by jump-forward) are laid out as that many
+# decode rows, each attending to the context up to itself, up to this many: the step stays a decode
+# step (the CPU's whole-layer kernel, CUDA graphs) and every row is computed as a decode computes it,
+# so the text is the same as decoding the run token by token. Longer runs go as an extend.
+MAX_DECODE_ROWS = 32
 
 
 @dataclass
 class ScheduledItem:
     req: Request
-    num_tokens: int          # new tokens computed this step, from position req.kv_len
+    num_tokens: int          # new tokens computed this step, from position req.kv_len (a decode: its rows)
 
     @property
     def samples(self) -> bool:
@@ -74,6 +79,13 @@ class SchedulerStats:
         totals = self.by_cache_key.setdefault(key, [0, 0])
         totals[0] += prompt
         totals[1] += hit
+
+
+def decode_rows(req: Request) -> int:
+    """Rows `req` decodes this step: its newest token and any forced run before it; 0 when it
+    prefills instead (a prompt, or outputs recomputed after a preemption, beyond MAX_DECODE_ROWS)."""
+    n = req.num_tokens - req.kv_len
+    return n if n == 1 or (req.kv_len >= len(req.prompt_ids) and n <= MAX_DECODE_ROWS) else 0
 
 
 class Scheduler:
@@ -125,13 +137,14 @@ class Scheduler:
         chunk = self.config.chunked_prefill_size
 
         for req in self._decodes_with_pages():
-            batch.decodes.append(ScheduledItem(req, 1))
-            budget -= 1
+            n = decode_rows(req)
+            batch.decodes.append(ScheduledItem(req, n))
+            budget -= n
 
         # prompts already being prefilled in chunks continue before new ones start
         for req in self.running:
             remaining = req.num_tokens - req.kv_len
-            if remaining <= 1:
+            if decode_rows(req):
                 continue
             if budget <= 0:
                 break
@@ -208,10 +221,10 @@ class Scheduler:
         When pages run out even after eviction, the request with the least progress is
         preempted: its computed tokens go into the tree and it waits at the front of the queue.
         """
-        ready = [r for r in self.running if r.num_tokens - r.kv_len == 1]
+        ready = [r for r in self.running if decode_rows(r)]
         granted: list[Request] = []
         for req in ready:
-            while req in self.running and not self.kv.alloc(req, 1):
+            while req in self.running and not self.kv.alloc(req, decode_rows(req)):
                 victim = self._preemption_victim()
                 self.preempt(victim)
                 if victim in granted:
