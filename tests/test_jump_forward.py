@@ -200,3 +200,41 @@ def test_a_batch_of_constrained_requests_equals_each_alone(make_engine):
     alone = [engine.generate(p, _params())[0].token_ids for p in prompts]
     together = [r.token_ids for r in engine.generate(prompts, [_params()] * 4)]
     assert together == alone
+
+
+# ---- through the server ------------------------------------------------------------------------
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city_name_in_english", "temperature_unit"],
+           "properties": {"city_name_in_english": {"type": "string", "maxLength": 20},
+                          "temperature_unit": {"enum": ["degrees_celsius", "degrees_fahrenheit"]}}}
+TOOLS = [{"type": "function", "function": {"name": "get_current_weather", "parameters": WEATHER}}]
+
+
+def _forced(usage) -> int:
+    return (usage.completion_tokens_details.model_extra or {}).get("forced_tokens", 0)
+
+
+def test_tool_call_markup_and_arguments_are_jumped(api):
+    r = api.client().chat.completions.create(
+        model=api.model, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS,
+        tool_choice="required", max_tokens=80, temperature=0)
+    [call] = r.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    assert not r.choices[0].message.content
+    assert 0 < _forced(r.usage) < r.usage.completion_tokens
+
+
+def test_streamed_text_equals_the_whole_reply_under_jump_forward(api):
+    kw = dict(model=api.model, messages=[{"role": "user", "content": PROMPT}], max_tokens=120, temperature=0,
+              response_format={"type": "json_schema", "json_schema": {"name": "order", "schema": ORDER}})
+    whole = api.client().chat.completions.create(**kw)
+    chunks = list(api.client().chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert _forced(chunks[-1].usage) == _forced(whole.usage) > 0
+    jsonschema.validate(json.loads(whole.choices[0].message.content), ORDER)
+
+
+def test_responses_text_format_is_jumped_and_counted(api):
+    r = api.client().responses.create(model=api.model, input=PROMPT, max_output_tokens=120, temperature=0,
+                                      text={"format": {"type": "json_schema", "name": "order", "schema": ORDER}})
+    jsonschema.validate(json.loads(r.output_text), ORDER)
+    assert (r.usage.output_tokens_details.model_extra or {}).get("forced_tokens", 0) > 0
