@@ -6,6 +6,9 @@
   generate   one request per accepted schema (the schema in the prompt, as clients send it) at the
              default temperature 1.0: finish reasons, and every finished output validated against
              its original schema with jsonschema under the schema's own draft.
+  context    `radixserve serve` in a subprocess, every corpus schema's request sized to fill the context on
+             its own (with the schema in the user message, and without): refusals for context length
+             (the server's schema note must never cause one) and prompt_tokens as the request alone.
   parse      `radixserve serve` in a subprocess and the official client's
              `chat.completions.parse(response_format=<Pydantic model with a float>)`, N calls with
              max_tokens 120 at the default temperature: how many parse, how many raise
@@ -13,7 +16,7 @@
 
 Writes bench/results/json_schemas.json. Reports figures, never asserts.
 
-    .venv/bin/python bench/json_schemas.py [--parts compile,generate,parse] [--max-tokens 256] [--calls 50]
+    .venv/bin/python bench/json_schemas.py [--parts compile,generate,parse,context] [--max-tokens 256] [--calls 50]
 """
 from __future__ import annotations
 
@@ -100,8 +103,71 @@ def part_generate(engine, accepted: list[dict], max_tokens: int) -> dict:
         if not ok:
             invalid.append({"name": entry["name"], "text": result.text[:400]})
     return {"requests": len(accepted), "max_tokens": max_tokens, "temperature": 1.0,
+            "jump_forward": engine.config.jump_forward,
+            "forced_tokens": sum(r.forced_tokens for r in results),
+            "completion_tokens": sum(len(r.token_ids) for r in results),
             "finish_reasons": dict(reasons), "finished_invalid": len(invalid), "invalid": invalid,
             "seconds": round(elapsed, 1)}
+
+
+FILLER = ("Meeting notes, item {i}: the team reviewed the quarterly figures, the supplier contracts and the "
+          "open tickets, and agreed on the next steps for the release. ")
+
+
+def part_context(stride: int, max_tokens: int = 8) -> dict:
+    """The schema note never costs a request its context: each fitting schema's request is sized to
+    fill the context on its own (a long shared document, then the ask), so the server's note would
+    push it over. Two askings: the schema inside the user message (instructor's JSON mode), and a
+    plain ask. Counts refusals for context length and whether `prompt_tokens` is the request alone.
+    Every `stride`-th schema: each request prefills its ask after an 8k-token prefix (~30 s here)."""
+    import openai
+
+    from radixserve.runtime.models.loader import load_model_files
+
+    files = load_model_files(None)
+    tokenizer, context = files.tokenizer, files.config.max_context_len
+    document = "".join(FILLER.format(i=i) for i in range(context // 20))
+    doc_ids = tokenizer.encode(document, add_special_tokens=False)
+
+    def messages(n: int, ask: str) -> list[dict]:
+        return [{"role": "user", "content": tokenizer.decode(doc_ids[:n]) + "\n\n" + ask}]
+
+    def alone(msgs: list[dict]) -> int:
+        return len(tokenizer.encode(tokenizer.apply_chat_template(msgs), add_special_tokens=False))
+
+    target = context - max_tokens - 2   # the request alone fits, with 2 tokens to spare
+    report: dict = {"context": context, "max_tokens": max_tokens, "schemas": f"every {stride}th of the corpus"}
+    with LocalServer() as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=900)
+        model = client.models.list().data[0].id
+        for asking in ("schema_in_user_message", "plain_ask"):
+            counts: Counter = Counter()
+            t0 = time.perf_counter()
+            for entry in CORPUS[::stride]:
+                schema_text = json.dumps(entry["schema"], separators=(",", ":"))
+                ask = (f"Reply with one JSON document that follows this JSON schema:\n{schema_text}"
+                       if asking == "schema_in_user_message" else "Reply with the meeting's record as JSON.")
+                n = target - alone(messages(0, ask))
+                for _ in range(4):   # re-encoding the document's cut may merge a token or two
+                    n += target - alone(messages(n, ask))
+                msgs = messages(n, ask)
+                if n < 0 or alone(msgs) > target:
+                    counts["does_not_fit_alone"] += 1
+                    continue
+                try:
+                    reply = client.chat.completions.create(
+                        model=model, messages=msgs, max_tokens=max_tokens, temperature=0,
+                        response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": entry["schema"]}})
+                except openai.BadRequestError as e:
+                    body = e.body if isinstance(e.body, dict) else {}
+                    message = str(body.get("message", e))
+                    counts["refused_context" if "context" in message or "tokens" in message else "refused_schema"] += 1
+                    continue
+                counts["served"] += 1
+                counts["prompt_tokens_as_alone" if reply.usage.prompt_tokens == alone(msgs) else "prompt_tokens_other"] += 1
+            report[asking] = {**dict(counts), "seconds": round(time.perf_counter() - t0, 1)}
+            print(asking, report[asking], flush=True)
+    return report
 
 
 def _pydantic_cases():
@@ -160,6 +226,7 @@ def main() -> int:
     ap.add_argument("--parts", default="compile,generate,parse")
     ap.add_argument("--max-tokens", type=int, default=256, help="of the generate part")
     ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--context-stride", type=int, default=6, help="the context part takes every N-th schema")
     ap.add_argument("--concurrency", type=int, default=10)
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -180,6 +247,8 @@ def main() -> int:
             engine.shutdown()
     if "parse" in parts:
         report["parse"] = part_parse(args.calls, 120, args.concurrency)
+    if "context" in parts:
+        report["context"] = part_context(args.context_stride)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     RESULTS.write_text(json.dumps({**previous, **report}, indent=1) + "\n")
