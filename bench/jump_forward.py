@@ -8,9 +8,9 @@ the round's wall time, output tokens/s, forward passes per request (completion t
 forced ones: a sampled token costs one pass, a forced run rides in the next), and time to first
 token. Every output is validated against its schema.
 
-Writes bench/results/jump_forward.json. Reports figures, never asserts.
+Writes bench/results/jump_forward.json (or --out). Reports figures, never asserts.
 
-    .venv/bin/python bench/jump_forward.py [--rounds 5] [--requests 16] [--concurrency 4]
+    .venv/bin/python bench/jump_forward.py [--rounds 5] [--requests 16] [--concurrency 4] [--out FILE]
 """
 from __future__ import annotations
 
@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     items = workload(args.requests)
     sides = {"jump_forward": [], "no_jump_forward": []}
@@ -162,7 +163,8 @@ def main() -> None:
     on_s, off_s = summary(sides["jump_forward"]), summary(sides["no_jump_forward"])
     walls = [b["wall_s"] / a["wall_s"] for a, b in zip(sides["jump_forward"], sides["no_jump_forward"])]
     report = {
-        "command": "bench/jump_forward.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+        "command": "bench/jump_forward.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+                                                       if k != "out"),
         "model": "default (SmolLM2-135M-Instruct Q8_0)", "cpu": _cpu(),
         "workload": f"{args.requests} chat requests over {len(SCHEMAS)} schemas with long keys, greedy, streamed, "
                     f"concurrency {args.concurrency}",
@@ -174,7 +176,7 @@ def main() -> None:
         "ttft_ratio": round(on_s["ttft_median_s"]["median"] / off_s["ttft_median_s"]["median"], 3),
         "rounds": sides,
     }
-    RESULTS.write_text(json.dumps(report, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "rounds"}, indent=1))
 
 
