@@ -38,7 +38,7 @@ class EngineConfig:
     # any whitespace there (vLLM's structured outputs default; a small model may loop on it)
     grammar_any_whitespace: bool = False
     # text a grammar forces (keys, `":`, closing brackets, tool-call markup) is appended without
-    # sampling and computed in one extend chunk: one step instead of one per token
+    # sampling and computed as decode rows of the next step: one step instead of one per token
     jump_forward: bool = True
     # consecutive failed steps after which the engine stops serving (a CUDA error is sticky: every
     # later step fails too); the server then exits non-zero so that a supervisor restarts it

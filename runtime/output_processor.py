@@ -89,7 +89,8 @@ class OutputProcessor:
         finally:  # whatever failed above, the stream gets its final output
             self.live.remove(req.request_id)
             req.stream.put(RequestOutput(
-                req.request_id, text, list(tokens), list(logprobs), finish_reason=reason, error=error or (str(refusal) if refusal else None), refusal=refusal,
+                req.request_id, text, list(tokens), list(logprobs), finish_reason=reason,
+                error=error or (str(refusal) if refusal else None), refusal=refusal,
                 prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.output_ids),
                 cached_tokens=req.cached_tokens, forced_tokens=req.forced_tokens,
                 time_to_first_token=(req.first_token_time - req.arrival_time) if req.first_token_time else None))
