@@ -25,6 +25,7 @@ TOOLS = [
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+ASK_SEVERAL = [{"role": "user", "content": "What is the weather like in Paris, in London and in Tokyo today?"}]
 
 
 def assert_valid_calls(calls) -> None:
@@ -62,10 +63,10 @@ def streamed_calls(deltas) -> dict[int, dict]:
 
 @pytest.mark.parametrize("parallel", [False, True])
 def test_required_tool_choice_gives_one_call_or_with_parallel_calls_several_each_valid_streamed_alike(api, parallel):
-    # Greedy, the model calls get_weather three times for this prompt when it may: each call's
+    # Greedy, the model calls get_weather several times for three cities when it may: each call's
     # arguments are constrained by its own tool's schema (the array's items are keyed by the name).
     # Streamed, every call arrives in OpenAI's delta shape, its arguments token by token.
-    kw = dict(model=api.model, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0,
+    kw = dict(model=api.model, messages=ASK_SEVERAL, tools=TOOLS, tool_choice="required", max_tokens=120, temperature=0,
               parallel_tool_calls=parallel)
     client = api.client()
     choice = client.chat.completions.create(**kw).choices[0]
