@@ -25,7 +25,8 @@ from pathlib import Path
 import jsonschema
 from openai import OpenAI
 
-from local_server import LocalServer  # bench/, beside this script
+from compare import machine  # bench/, beside this script
+from local_server import LocalServer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RESULTS = Path(__file__).resolve().parent / "results" / "jump_forward.json"
@@ -79,15 +80,12 @@ def workload(n: int) -> list[tuple[str, dict, list[dict]]]:
     return out
 
 
-_MODEL: list = [None]
-
-
-def one(client: OpenAI, item, max_tokens: int) -> dict:
+def one(client: OpenAI, model: str, item, max_tokens: int) -> dict:
     name, schema, messages = item
     t0 = time.perf_counter()
     first, text, usage, reason = None, [], None, None
     stream = client.chat.completions.create(
-        model=_MODEL[0], messages=messages, temperature=0, max_tokens=max_tokens, stream=True,
+        model=model, messages=messages, temperature=0, max_tokens=max_tokens, stream=True,
         stream_options={"include_usage": True},
         response_format={"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}})
     for chunk in stream:
@@ -112,10 +110,10 @@ def one(client: OpenAI, item, max_tokens: int) -> dict:
 
 def run_round(url: str, items, concurrency: int, max_tokens: int) -> dict:
     client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
-    _MODEL[0] = client.models.list().data[0].id
+    model = client.models.list().data[0].id
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda it: one(client, it, max_tokens), items))
+        results = list(pool.map(lambda it: one(client, model, it, max_tokens), items))
     wall = time.perf_counter() - t0
     tokens = sum(r["tokens"] for r in results)
     return {"wall_s": wall, "output_tok_per_s": tokens / wall, "output_tokens": tokens,
@@ -165,7 +163,7 @@ def main() -> None:
     report = {
         "command": "bench/jump_forward.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                                        if k != "out"),
-        "model": "default (SmolLM2-135M-Instruct Q8_0)", "cpu": _cpu(),
+        "model": "default (SmolLM2-135M-Instruct Q8_0)", "machine": machine(),
         "workload": f"{args.requests} chat requests over {len(SCHEMAS)} schemas with long keys, greedy, streamed, "
                     f"concurrency {args.concurrency}",
         "jump_forward": on_s, "no_jump_forward": off_s,
@@ -178,16 +176,6 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "rounds"}, indent=1))
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

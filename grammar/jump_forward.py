@@ -17,6 +17,7 @@ So F is what the tokenizer makes of that text whatever follows it.
 """
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from typing import Callable, Optional, Sequence
 
@@ -56,7 +57,7 @@ class ForcedTokens:
         for c in self._probes:
             if n <= 0:
                 return ()
-            n = min(n, _common_prefix(tokens, self._encode(forced + c)))
+            n = min(n, len(os.path.commonprefix([tokens, self._encode(forced + c)])))
         head = tokens[:n]
         if any(t >= len(self._bytes) or not self._bytes[t] for t in head):
             return ()   # a control token, or one the grammar's vocabulary lacks
@@ -64,11 +65,3 @@ class ForcedTokens:
             return ()
         return tuple(head)
 
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

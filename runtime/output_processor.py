@@ -39,8 +39,7 @@ class OutputProcessor:
             limit = min(p.max_tokens - len(req.output_ids), self.max_context_len - req.num_tokens)
             for forced in self.structured.force(req, limit):
                 req.forced_tokens += 1
-                certain = TokenLogprob(forced, 0.0, [(forced, 0.0)] if p.logprobs else []) \
-                    if p.logprobs is not None else None
+                certain = None if p.logprobs is None else TokenLogprob(forced, 0.0, [(forced, 0.0)][:p.logprobs])
                 reason = self._append(req, forced, certain, tokens, logprobs)
                 if reason is not None:
                     break
