@@ -144,6 +144,7 @@ class Request:
     first_admitted: bool = False
     preemptions: int = 0                   # times this request was preempted (it resumes from the tree)
     held_steps: int = 0                    # steps it waited for another request to prefill a shared prefix
+    run_deferred: bool = False             # its forced run sat out the last step for a new prompt
     detok: Any = None                      # IncrementalDetokenizer
     finish_reason: Optional[str] = None
     logprobs: list[TokenLogprob] = field(default_factory=list)

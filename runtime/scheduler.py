@@ -136,8 +136,16 @@ class Scheduler:
         budget = self.config.max_batched_tokens
         chunk = self.config.chunked_prefill_size
 
+        # A new prompt's first token should not wait behind forced runs (jump-forward) that it does
+        # not need: a decode carrying a run sits out a step that admits a prompt, never two in a
+        # row (bench/jump_forward.py's TTFT at concurrency 4)
+        deferred: list[ScheduledItem] = []
         for req in self._decodes_with_pages():
             n = decode_rows(req)
+            if n > 1 and self.waiting and not req.run_deferred:
+                deferred.append(ScheduledItem(req, n))
+                continue
+            req.run_deferred = False
             batch.decodes.append(ScheduledItem(req, n))
             budget -= n
 
@@ -154,7 +162,12 @@ class Scheduler:
             batch.extends.append(ScheduledItem(req, n))
             budget -= n
 
+        admitted = len(batch.extends)
         self._admit(batch, budget, chunk)
+        for item in deferred:
+            item.req.run_deferred = len(batch.extends) > admitted
+            if not item.req.run_deferred:   # no prompt came in after all
+                batch.decodes.append(item)
         return batch
 
     def _admit(self, batch: ScheduledBatch, budget: int, chunk: int) -> None:

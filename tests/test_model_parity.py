@@ -62,7 +62,7 @@ def hf_greedy(hf_model, steps: int) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama_tied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "llama_tied", "qwen2", "qwen3", "phi3", "phi4_mini", "mixtral", "qwen3_moe"])
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_prefill_and_decode_logits_match_transformers(arch, page_size, tmp_path, default_tokenizer):
     hf = build_tiny_model(arch, tmp_path / arch, default_tokenizer)

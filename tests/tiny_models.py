@@ -24,6 +24,22 @@ def tiny_config(arch: str):
         return tf.Qwen2Config(**common, rope_theta=1000000.0)
     if arch == "qwen3":
         return tf.Qwen3Config(**common, head_dim=32, rope_theta=1000000.0)  # head_dim != hidden / heads
+    if arch in ("phi3", "phi4_mini"):
+        # LongRoPE's short factors (the sequences here stay within the original length) and its
+        # attention factor; Phi-4-mini also turns only 3/4 of each head and ties its embeddings
+        partial = 0.75 if arch == "phi4_mini" else 1.0
+        pairs = int(16 * partial) // 2
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": partial,
+                "short_factor": [1.0 + 0.25 * i for i in range(pairs)],
+                "long_factor": [2.0 + i for i in range(pairs)], "original_max_position_embeddings": 64}
+        return tf.Phi3Config(**{**common, "tie_word_embeddings": arch == "phi4_mini"}, pad_token_id=0,
+                             rope_parameters=rope, original_max_position_embeddings=64)
+    if arch == "mixtral":
+        return tf.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
+    if arch == "qwen3_moe":
+        # the second layer keeps a dense MLP; top-k probabilities are not renormalised
+        return tf.Qwen3MoeConfig(**common, head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=False)
     raise ValueError(arch)
 
 

@@ -1,16 +1,28 @@
-"""Architecture description of a Llama-family decoder, read from HF config.json or GGUF metadata."""
+"""Architecture description of a decoder family, read from HF config.json or GGUF metadata."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+
+@dataclass(frozen=True)
+class Family:
+    """What a model_type adds to the Llama decoder (runtime/models/llama.py)."""
+    attention_bias: bool = False
+    qk_norm: bool = False
+    moe: bool = False          # sparse mixture-of-experts MLPs (runtime/models/moe.py)
+
+
 ARCHITECTURES = {
-    # model_type -> (q/k/v bias, q/k RMSNorm)
-    "llama": (False, False),
-    "mistral": (False, False),
-    "qwen2": (True, False),
-    "qwen3": (False, True),
+    "llama": Family(),
+    "mistral": Family(),
+    "qwen2": Family(attention_bias=True),
+    "qwen3": Family(qk_norm=True),
+    "phi3": Family(),          # fused qkv / gate-up weights, partial rotary, LongRoPE
+    "mixtral": Family(moe=True),
+    "qwen3_moe": Family(qk_norm=True, moe=True),
 }
+SUPPORTED = "Llama, Mistral, SmolLM, Qwen2, Qwen3, Phi-3/4, Mixtral and Qwen3-MoE"
 
 
 class UnsupportedModelError(ValueError):
@@ -35,33 +47,54 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     eos_token_ids: list[int] = field(default_factory=list)
+    rotary_dim: Optional[int] = None     # leading dims of each head that rotate (partial rotary); None: all
+    num_experts: int = 0                 # > 0: sparse MoE MLPs
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True          # renormalise the chosen experts' router probabilities
+    dense_layers: tuple[int, ...] = ()   # layers of a MoE model with a dense MLP instead
+
+    def __post_init__(self):
+        if self.rotary_dim is None:
+            self.rotary_dim = self.head_dim
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.num_experts > 0 and i not in self.dense_layers
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
         model_type = d.get("model_type", "")
         if model_type not in ARCHITECTURES:
             arch = (d.get("architectures") or [model_type or "?"])[0]
-            raise UnsupportedModelError(
-                f"unsupported architecture {arch!r}: radixserve runs Llama, Mistral, SmolLM, Qwen2 and Qwen3 models")
+            raise UnsupportedModelError(f"unsupported architecture {arch!r}: radixserve runs {SUPPORTED} models")
         if d.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"unsupported activation {d['hidden_act']!r}")
-        bias, qk_norm = ARCHITECTURES[model_type]
+        family = ARCHITECTURES[model_type]
         heads = d["num_attention_heads"]
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        head_dim = d.get("head_dim") or d["hidden_size"] // heads
+        rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
         rope_theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
         rope_type = rope.get("rope_type", rope.get("type", "default"))
+        partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
         max_len = d.get("max_position_embeddings", 2048)
+        if rope_type in ("longrope", "su"):
+            rope.setdefault("original_max_position_embeddings", d.get("original_max_position_embeddings", max_len))
+            rope.setdefault("max_position_embeddings", max_len)
         window = d.get("sliding_window")
-        if window and (model_type == "mistral" or d.get("use_sliding_window")):
+        if window and (model_type in ("mistral", "mixtral", "phi3") or d.get("use_sliding_window")):
             max_len = min(max_len, window)  # beyond the window our full attention would differ
         eos = d.get("eos_token_id")
+        experts = d.get("num_local_experts", d.get("num_experts", 0)) if family.moe else 0
+        step = d.get("decoder_sparse_step", 1) or 1
+        dense_layers = tuple(i for i in range(d["num_hidden_layers"])
+                             if i in d.get("mlp_only_layers", []) or (i + 1) % step)
         return cls(
             model_type=model_type,
             hidden_size=d["hidden_size"],
             num_layers=d["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=d.get("num_key_value_heads") or heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            head_dim=head_dim,
             intermediate_size=d["intermediate_size"],
             vocab_size=d["vocab_size"],
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
@@ -69,7 +102,14 @@ class ModelConfig:
             rope_scaling=dict(rope) if rope_type != "default" else None,
             max_context_len=max_len,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", bias)),
-            qk_norm=qk_norm,
+            attention_bias=bool(d.get("attention_bias", family.attention_bias)),
+            qk_norm=family.qk_norm,
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+            rotary_dim=int(head_dim * partial),
+            num_experts=experts,
+            experts_per_token=d.get("num_experts_per_tok", 0) if experts else 0,
+            moe_intermediate_size=d.get("moe_intermediate_size") or d["intermediate_size"],
+            # Mixtral always renormalises; Qwen3-MoE says so in its config
+            norm_topk_prob=bool(d.get("norm_topk_prob", True)),
+            dense_layers=dense_layers if experts else (),
         )

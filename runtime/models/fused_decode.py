@@ -28,10 +28,11 @@ class FusedDecodeLayers:
     def of(cls, kernels: CpuKernels, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor
            ) -> Optional["FusedDecodeLayers"]:
         """The fused form of `layers` (runtime/models/llama.py's DecoderLayers), or None where one
-        of them has a part the kernel does not do: another dtype, a dense linear layer, q/k norms."""
+        of them has a part the kernel does not do: another dtype, a dense linear layer, q/k norms,
+        partial rotary, experts."""
         linears = lambda la: (la.qkv, la.o, la.gate_up, la.down)  # noqa: E731
         if cos.dtype != torch.float32 or not all(
-                la.dtype == torch.float32 and la.q_norm is None
+                la.dtype == torch.float32 and la.fusable
                 and all(getattr(lin, "matrix", None) is not None for lin in linears(la)) for la in layers):
             return None
         weights = []

@@ -20,6 +20,8 @@ _LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+# the llama.cpp architectures whose tensors map onto the names above
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -50,9 +52,9 @@ def dense(t: GGUFTensor) -> np.ndarray:
 
 def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> ModelConfig:
     arch = f.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"unsupported GGUF architecture {arch!r}: radixserve runs llama, qwen2 and qwen3 GGUF files")
+    if arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}: radixserve runs "
+                                    f"{', '.join(GGUF_ARCHITECTURES)} GGUF files")
     a = lambda k, d=None: f.get(f"{arch}.{k}", d)  # noqa: E731
     heads = a("attention.head_count")
     hidden = a("embedding_length")
@@ -62,7 +64,7 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
         scaling = {"rope_type": "linear", "factor": a("rope.scaling.factor")}
     elif kind not in (None, "none"):
         raise UnsupportedModelError(f"unsupported rope scaling {kind!r} in GGUF")
-    bias, qk_norm = ARCHITECTURES[arch]
+    family = ARCHITECTURES[arch]
     eos = f.get("tokenizer.ggml.eos_token_id")
     return ModelConfig(
         model_type=arch, hidden_size=hidden, num_layers=a("block_count"), num_heads=heads,
@@ -70,7 +72,7 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
         intermediate_size=a("feed_forward_length"), vocab_size=a("vocab_size", vocab_size),
         rms_norm_eps=a("attention.layer_norm_rms_epsilon", 1e-5), rope_theta=float(a("rope.freq_base", 10000.0)),
         rope_scaling=scaling, max_context_len=a("context_length", 2048), tie_word_embeddings=not has_output,
-        attention_bias=bias, qk_norm=qk_norm, eos_token_ids=[eos] if eos is not None else [])
+        attention_bias=family.attention_bias, qk_norm=family.qk_norm, eos_token_ids=[eos] if eos is not None else [])
 
 
 def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:

@@ -1,4 +1,5 @@
-"""One Llama-family decoder (Llama, Mistral, SmolLM, Qwen2, Qwen3) on the paged KV cache.
+"""One Llama-shaped decoder on the paged KV cache: Llama, Mistral, SmolLM, Qwen2 / Qwen3, Phi-3 / 4
+(fused weights, partial rotary) and the sparse-MoE Mixtral and Qwen3-MoE.
 
 Plain tensors and functional ops: there is no training, and fewer Python layers per op
 keep the CPU decode step short. q/k/v and gate/up projections are fused.
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from radixserve.runtime.forward_batch import ForwardBatch
 from radixserve.runtime.models.config import ModelConfig
+from radixserve.runtime.models.moe import SparseMoE
 from radixserve.runtime.models.rope import cos_sin_table
 from radixserve.runtime.platform import Platform
 
@@ -21,18 +23,24 @@ class DecoderLayer:
         """`w`: the model's weights (dense tensors, or a GGUF file's BlockTensors for matrices)."""
         p = f"model.layers.{index}."
         a = p + "self_attn."
-        m = p + "mlp."
         linear = lambda names, bias=None: platform.linear([w[n + ".weight"] for n in names], bias, dtype)  # noqa: E731
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
-        self.qkv = linear([a + "q_proj", a + "k_proj", a + "v_proj"], qkv_b)
+        # Phi-3 stores q/k/v and gate/up already fused
+        self.qkv = linear([a + "qkv_proj"] if a + "qkv_proj.weight" in w else [a + "q_proj", a + "k_proj", a + "v_proj"],
+                          qkv_b)
         self.o = linear([a + "o_proj"], w.get(a + "o_proj.bias"))
         dense = lambda name: w[name].to(platform.device, dtype)  # noqa: E731
         self.q_norm = dense(a + "q_norm.weight") if cfg.qk_norm else None
         self.k_norm = dense(a + "k_norm.weight") if cfg.qk_norm else None
-        self.gate_up = linear([m + "gate_proj", m + "up_proj"])
-        self.down = linear([m + "down_proj"])
+        self.gate_up = self.down = self.moe = None
+        if cfg.is_moe_layer(index):
+            self.moe = _sparse_moe(cfg, w, p, linear, ops, platform)
+        else:
+            m = p + "mlp."
+            self.gate_up = linear([m + "gate_up_proj"] if m + "gate_up_proj.weight" in w else [m + "gate_proj", m + "up_proj"])
+            self.down = linear([m + "down_proj"])
         # norms run on the float32 residual stream: bf16 cannot carry this family's outlier activations
         self.input_norm = w[p + "input_layernorm.weight"].to(platform.device, torch.float32)
         self.post_attn_norm = w[p + "post_attention_layernorm.weight"].to(platform.device, torch.float32)
@@ -42,7 +50,10 @@ class DecoderLayer:
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.rotary_dim = cfg.rotary_dim
         self.ops = ops   # the model's one LayerOps
+        # what the whole-layer decode kernel does (runtime/models/fused_decode.py)
+        self.fusable = self.q_norm is None and self.moe is None and self.rotary_dim == self.head_dim
 
     def __call__(self, x: torch.Tensor, delta: Optional[torch.Tensor], rope_state, batch: ForwardBatch,
                  attn) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,10 +69,29 @@ class DecoderLayer:
         if self.q_norm is not None:
             qk = torch.cat([F.rms_norm(qk[:, : self.heads], (d,), self.q_norm, self.eps),
                             F.rms_norm(qk[:, self.heads:], (d,), self.k_norm, self.eps)], dim=1)
-        qk = ops.rope(qk, rope_state)
+        if self.rotary_dim < d:   # partial rotary: the leading dims of each head turn, the rest pass
+            r = self.rotary_dim
+            qk = torch.cat([ops.rope(qk[..., :r].contiguous(), rope_state), qk[..., r:]], dim=-1)
+        else:
+            qk = ops.rope(qk, rope_state)
         o = attn.forward(self.index, qk[:, : self.heads], qk[:, self.heads:], v, batch)
         x, h = ops.add_rms_norm(x, self.o(o.reshape(t, self.q_size)), self.post_attn_norm, self.eps, self.dtype)
+        if self.moe is not None:
+            return x, self.moe(h)
         return x, self.down(ops.silu_mul(self.gate_up(h)))
+
+
+def _sparse_moe(cfg: ModelConfig, w: dict, p: str, linear, ops, platform: Platform) -> SparseMoE:
+    """Layer `p`'s experts under Mixtral's names (block_sparse_moe, w1 / w3 / w2) or Qwen3-MoE's."""
+    if p + "block_sparse_moe.gate.weight" in w:
+        m, names = p + "block_sparse_moe.", ("w1", "w3", "w2")
+    else:
+        m, names = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
+    gate, up, down = names
+    experts = [(linear([f"{m}experts.{e}.{gate}", f"{m}experts.{e}.{up}"]), linear([f"{m}experts.{e}.{down}"]))
+               for e in range(cfg.num_experts)]
+    router = w[m + "gate.weight"].to(platform.device, torch.float32)
+    return SparseMoE(router, experts, cfg.experts_per_token, cfg.norm_topk_prob, ops)
 
 
 class LlamaForCausalLM:
@@ -78,7 +108,7 @@ class LlamaForCausalLM:
         head = ("model.embed_tokens.weight" if cfg.tie_word_embeddings or "lm_head.weight" not in weights
                 else "lm_head.weight")
         self.lm_head = platform.linear([weights[head]], None, dtype)
-        self.cos, self.sin = cos_sin_table(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
+        self.cos, self.sin = cos_sin_table(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling,
                                            cfg.max_context_len, dtype, device)
         self.fused_decode = self.ops.fused_decode(self.layers, self.cos, self.sin)
 

@@ -1,4 +1,4 @@
-"""Rotary position embedding tables (default, linear and llama3 scaling)."""
+"""Rotary position embedding tables (default, linear, llama3 and LongRoPE scaling)."""
 from __future__ import annotations
 
 import math
@@ -28,16 +28,38 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Optional[dict[str,
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(medium, smoothed, scaled)
-    raise UnsupportedModelError(f"unsupported rope scaling {kind!r} (supported: linear, llama3)")
+    raise UnsupportedModelError(f"unsupported rope scaling {kind!r} (supported: linear, llama3, longrope)")
+
+
+def _longrope(head_dim: int, theta: float, scaling: dict[str, Any], positions: torch.Tensor
+              ) -> tuple[torch.Tensor, float]:
+    """Phi-3's LongRoPE: per-frequency divisors, the short ones within the pretraining length and
+    the long ones past it, and cos/sin scaled by an attention factor. Chosen per position (as vLLM
+    does), so a cached prefix never changes once the sequence grows past the original length;
+    transformers switches every position at once, which agrees wherever the sequence is short."""
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or scaling.get("max_position_embeddings", original) / original
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    base = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    short = 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float64) * base)
+    long = 1.0 / (torch.tensor(scaling["long_factor"], dtype=torch.float64) * base)
+    freqs = torch.where((positions < original).unsqueeze(1), short, long)
+    return positions.unsqueeze(1) * freqs, attention
 
 
 def cos_sin_table(head_dim: int, theta: float, scaling, max_len: int, dtype: torch.dtype,
                   device) -> tuple[torch.Tensor, torch.Tensor]:
     """[max_len, head_dim] cos and signed sin in the layout `apply_rope` wants (cos twice; -sin
     then sin), computed in float64 then cast once."""
-    inv_freq = inverse_frequencies(head_dim, theta, scaling)
-    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv_freq)
-    cos, sin = angles.cos(), angles.sin()
+    positions = torch.arange(max_len, dtype=torch.float64)
+    scale = 1.0
+    if scaling and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
+        angles, scale = _longrope(head_dim, theta, scaling, positions)
+    else:
+        angles = torch.outer(positions, inverse_frequencies(head_dim, theta, scaling))
+    cos, sin = angles.cos() * scale, angles.sin() * scale
     return (torch.cat([cos, cos], dim=-1).to(dtype=dtype, device=device),
             torch.cat([-sin, sin], dim=-1).to(dtype=dtype, device=device))
 
