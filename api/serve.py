@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import uvicorn
 
+from radixserve.api.openai.tool_formats import FORMATS
 from radixserve.api.shell.lifecycle import DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_WATCHDOG_TIMEOUT, Lifecycle
 from radixserve.api.responses.store import DEFAULT_RESPONSE_STORE_SIZE
 from radixserve.runtime.config import EngineConfig
@@ -44,6 +45,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "used evicted first (0 keeps none)")
     p.add_argument("--no-schema-in-prompt", dest="schema_in_prompt", action="store_false",
                    help="enforce a chat response_format json_schema without also stating it in the system message")
+    p.add_argument("--tool-call-format", default="auto", choices=["auto", *FORMATS],
+                   help="how the model spells tool calls (prompt, auto's grammar, parser); auto: from its chat "
+                        "template, Hermes when the template shows none")
     p.add_argument("--no-ui", dest="ui", action="store_false",
                    help="no web page at / (the chat playground and the cache view)")
     p.add_argument("--ui-show-prefix-text", action="store_true",
@@ -128,7 +132,7 @@ def cmd_serve(args: argparse.Namespace, make_config: Callable[[argparse.Namespac
     app = build_app(None, served_model_name=args.served_model_name, api_key=args.api_key,
                     watchdog_timeout=args.watchdog_timeout, response_store_size=args.response_store_size,
                     schema_in_prompt=args.schema_in_prompt, ui=args.ui,
-                    ui_show_prefix_text=args.ui_show_prefix_text)
+                    ui_show_prefix_text=args.ui_show_prefix_text, tool_call_format=args.tool_call_format)
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5),
                             app.state.server.lifecycle, args.shutdown_timeout)

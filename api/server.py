@@ -22,6 +22,7 @@ from radixserve.api.shell.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, DrainGate
 from radixserve.api.shell.openapi import install_openapi
 from radixserve.api.shell.routes import router as shell_router
 from radixserve.api.state import ServerState
+from radixserve.api.openai.tool_formats import tool_format
 from radixserve.api.ui import install_ui
 from radixserve.runtime.engine_client import EngineClient
 
@@ -29,9 +30,10 @@ from radixserve.runtime.engine_client import EngineClient
 def build_app(engine: Optional[EngineClient] = None, served_model_name: Optional[str] = None,
               api_key: Optional[str] = None, watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT,
               response_store_size: int = DEFAULT_RESPONSE_STORE_SIZE, schema_in_prompt: bool = True,
-              ui: bool = True, ui_show_prefix_text: bool = False) -> FastAPI:
+              ui: bool = True, ui_show_prefix_text: bool = False, tool_call_format: Optional[str] = None) -> FastAPI:
+    tool_format(tool_call_format, None)   # an unknown name fails before anything listens
     state = ServerState(engine, served_model_name, api_key, watchdog_timeout, response_store_size, schema_in_prompt,
-                        ui_show_prefix_text)
+                        ui_show_prefix_text, tool_call_format)
     app = FastAPI(title="radixserve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
     install_error_handlers(app)

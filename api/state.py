@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from radixserve.api.errors import APIError, engine_stopped, loading
 from radixserve.api.openai.logprobs import TokenTexts
+from radixserve.api.openai.tool_formats import FORMATS, tool_format
 from radixserve.api.responses.store import DEFAULT_RESPONSE_STORE_SIZE, ResponseStore
 from radixserve.api.shell.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, Lifecycle
 from radixserve.api.shell.metrics import ServerMetrics
@@ -20,12 +21,14 @@ class ServerState:
     def __init__(self, engine: Optional[EngineClient], served_model_name: Optional[str], api_key: Optional[str],
                  watchdog_timeout: float = DEFAULT_WATCHDOG_TIMEOUT,
                  response_store_size: int = DEFAULT_RESPONSE_STORE_SIZE, schema_in_prompt: bool = True,
-                 show_prefix_text: bool = False):
+                 show_prefix_text: bool = False, tool_call_format: Optional[str] = None):
         self.engine: Optional[EngineClient] = None
         self._served_model_name = served_model_name
         self.api_key = api_key or None
         self.schema_in_prompt = schema_in_prompt  # chat's response_format schema also stated in the prompt
         self.show_prefix_text = show_prefix_text  # /v1/cache may show cached prompt text
+        self.tool_call_format_name = tool_call_format  # None / auto: the chat template's (tool_formats.py)
+        self.tool_format = FORMATS["hermes"]
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine)
         self.token_texts: Optional[TokenTexts] = None
@@ -37,6 +40,7 @@ class ServerState:
     def attach(self, engine: EngineClient) -> None:
         """The model is loaded: start answering."""
         self.token_texts = TokenTexts(engine.tokenizer)
+        self.tool_format = tool_format(self.tool_call_format_name, engine.tokenizer.chat_template)
         self.engine = engine
 
     @property

@@ -14,6 +14,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from radixserve.api.server import build_app
+from radixserve.api.state import ServerState
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.engine import Engine
 from radixserve.runtime.models.loader import ModelFiles
@@ -54,6 +55,7 @@ def serve_app(app: FastAPI) -> Iterator[str]:
 class APIServer:
     url: str              # http://127.0.0.1:PORT
     engine: Engine
+    state: ServerState    # what the handlers read (a test may switch the tool-call format)
     model: str = SERVED_MODEL
 
     @property
@@ -98,8 +100,9 @@ def running_server(model_files: ModelFiles) -> Iterator[APIServer]:
     """The engine on the default model behind the app, for a whole test session."""
     engine = Engine(EngineConfig(**TEST_ENGINE_CONFIG), model_files=model_files)
     try:
-        with serve_app(build_app(engine, served_model_name=SERVED_MODEL)) as url:
-            yield APIServer(url, engine)
+        app = build_app(engine, served_model_name=SERVED_MODEL)
+        with serve_app(app) as url:
+            yield APIServer(url, engine, app.state.server)
         engine.check_idle_invariant()
         engine.flush_cache()
         assert engine.pool.num_free == engine.pool.num_pages, "KV pages leaked"

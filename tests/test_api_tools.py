@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from radixserve.api.openai.tools import (ArgumentsDelta, CallDone, CallStarted, HermesToolCallParser, TextDelta,
+from radixserve.api.openai.tools import (ArgumentsDelta, CallDone, CallStarted, MarkupToolCallParser, TextDelta,
                                   WholeOutputToolCallParser)
 
 WEATHER = {"type": "object",
@@ -159,10 +159,10 @@ def test_hermes_parser_gives_the_same_result_however_the_text_is_split():
     expected = ("Let me check.", [("get_weather", {"city": "Pa}ris", "unit": "celsius"}),
                                   ("get_time", {"timezone": "CET"})])
     for pieces in splits(REPLY):
-        assert run_parser(HermesToolCallParser(set(SCHEMAS)), pieces) == expected
+        assert run_parser(MarkupToolCallParser(set(SCHEMAS)), pieces) == expected
 
 
-@pytest.mark.parametrize("make,text", [(HermesToolCallParser, REPLY), (WholeOutputToolCallParser, ARRAY)])
+@pytest.mark.parametrize("make,text", [(MarkupToolCallParser, REPLY), (WholeOutputToolCallParser, ARRAY)])
 def test_parsers_stream_each_calls_arguments_after_its_start_and_before_its_end(make, text):
     for pieces in splits(text):
         events = [e for e in feed_all(make(set(SCHEMAS)), pieces) if not isinstance(e, TextDelta)]
@@ -182,26 +182,26 @@ def test_parsers_stream_each_calls_arguments_after_its_start_and_before_its_end(
 
 def test_hermes_parser_passes_plain_text_and_lookalike_tags_through():
     text = "Use <tool> and <tool_ca maybe, 3 < 4."
-    assert run_parser(HermesToolCallParser(set(SCHEMAS)), list(text)) == (text, [])
+    assert run_parser(MarkupToolCallParser(set(SCHEMAS)), list(text)) == (text, [])
 
 
 def test_hermes_parser_reads_a_block_of_another_shape_whole():
     text = '<tool_call>{"arguments": {"timezone": "UTC"}, "name": "get_time"}</tool_call>'
     for pieces in splits(text):
-        assert run_parser(HermesToolCallParser(set(SCHEMAS)), pieces) == ("", [("get_time", {"timezone": "UTC"})])
+        assert run_parser(MarkupToolCallParser(set(SCHEMAS)), pieces) == ("", [("get_time", {"timezone": "UTC"})])
 
 
 def test_hermes_parser_drops_a_cut_off_call():
     for cut in ('Sure.<tool_call>\n{"name": "get_weather", "argu',
                 'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'):
-        events = feed_all(HermesToolCallParser(set(SCHEMAS)), [cut])
+        events = feed_all(MarkupToolCallParser(set(SCHEMAS)), [cut])
         assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Sure."
         assert not [e for e in events if isinstance(e, CallDone)]
 
 
 def test_hermes_parser_never_starts_a_call_to_an_unknown_tool():
     text = '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>'
-    assert feed_all(HermesToolCallParser(set(SCHEMAS)), [text]) == []
+    assert feed_all(MarkupToolCallParser(set(SCHEMAS)), [text]) == []
 
 
 @pytest.mark.parametrize("text,calls", [

@@ -37,6 +37,7 @@ class IngressSettings:
     schema_in_prompt: bool = True
     ui: bool = True
     ui_show_prefix_text: bool = False
+    tool_call_format: Optional[str] = None
 
 
 @dataclass
@@ -92,7 +93,8 @@ class Ingress:
         engine = RemoteEngine(self._handle, load_model_files(self._model, weights=False), info, self._send_text)
         app = build_app(None, served_model_name=s.served_model_name, api_key=s.api_key,
                         watchdog_timeout=s.watchdog_timeout, response_store_size=s.response_store_size,
-                        schema_in_prompt=s.schema_in_prompt, ui=s.ui, ui_show_prefix_text=s.ui_show_prefix_text)
+                        schema_in_prompt=s.schema_in_prompt, ui=s.ui, ui_show_prefix_text=s.ui_show_prefix_text,
+                        tool_call_format=s.tool_call_format)
         app.state.server.metrics.registry.register(ClusterCollector())
         app.add_middleware(DisconnectOnCancel)
         attach_engine(app, engine)

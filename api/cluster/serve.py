@@ -33,7 +33,8 @@ def cmd_serve_replicas(args: argparse.Namespace, make_config: Callable[[argparse
     settings = ClusterSettings(
         replicas=args.replicas, engine=config, router=args.router, router_kwargs=args.router_kwargs,
         ingress=IngressSettings(args.served_model_name, args.api_key, args.watchdog_timeout,
-                                args.response_store_size, args.schema_in_prompt, args.ui, args.ui_show_prefix_text))
+                                args.response_store_size, args.schema_in_prompt, args.ui, args.ui_show_prefix_text,
+                                args.tool_call_format))
     settings.num_cpus, settings.num_gpus = _replica_resources(args, config)
     application = build_application(settings)  # validates: bad flags fail before Ray starts
     t0 = time.monotonic()

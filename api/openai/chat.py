@@ -43,7 +43,8 @@ async def create_chat_completion(req: ChatCompletionRequest, http: Request, stat
         inputs = chat_inputs(req, state)
         return inputs, inputs.fitting(
             lambda messages: engine.tokenizer.encode(render_chat_prompt(
-                engine.tokenizer, messages, inputs.plan.template_tools, req.chat_template_kwargs)),
+                engine.tokenizer, messages, inputs.plan.template_tools, req.chat_template_kwargs,
+                fmt=inputs.plan.format)),
             len, engine.admission, req.requested_max_tokens)
 
     # schema normalisation, the chat template and the tokenizer take milliseconds on a long
@@ -85,7 +86,7 @@ def chat_inputs(req: ChatCompletionRequest, state: ServerState) -> ChatInputs:
     engine besides sampling: its tool plan, its constraint and the field that set it, and the
     messages to render (with the response schema stated in them unless --no-schema-in-prompt, a message
     already holds it, or it would not fit: see `ChatInputs.fitting`)."""
-    plan = plan_tools(req)
+    plan = plan_tools(req, state.tool_format)
     tool_field = "tool_choice" if req.tool_choice is not None else "tools"
     tool_constraint = (tool_field, plan.build_constraint) if plan.build_constraint else None
     constraint, constraint_field = request_constraint(req, tool_constraint)

@@ -2,9 +2,9 @@
 
 Templates that know tools (they mention `tools`) get them as the template variable and assistant
 `tool_calls` with parsed arguments, as Hugging Face templates expect. Templates that do not (the
-default SmolLM2 one) get Hermes-style text instead: the tool signatures in the system message,
-earlier calls as `<tool_call>` blocks and results as `<tool_response>` blocks, the same format the
-`auto` tool-call parser reads back.
+default SmolLM2 one) get the tool-call format's text instead (api/openai/tool_formats.py; Hermes
+unless `--tool-call-format` says otherwise): the tool signatures in the system message, earlier
+calls as that format writes them, the same markup the `auto` tool-call parser reads back.
 """
 from __future__ import annotations
 
@@ -13,17 +13,8 @@ from typing import Any, Optional
 
 from radixserve.api.errors import bad_request
 from radixserve.api.openai.protocol import ChatMessage
-from radixserve.api.openai.tools import TOOL_CALL_BEGIN, TOOL_CALL_END
+from radixserve.api.openai.tool_formats import FORMATS, ToolFormat
 from radixserve.runtime.tokenizer import Tokenizer, TokenizerError
-
-HERMES_TOOLS_PROMPT = (
-    "You are a function calling AI model. You are provided with function signatures within <tools></tools> "
-    "XML tags. You may call one or more functions to assist with the user query. Don't make assumptions "
-    "about what values to plug into functions. Here are the available tools: <tools>\n{tools}\n</tools>\n"
-    "For each function call return a json object with function name and arguments within "
-    f"{TOOL_CALL_BEGIN}{TOOL_CALL_END} XML tags as follows:\n{TOOL_CALL_BEGIN}\n"
-    '{{"name": <function-name>, "arguments": <args-json-object>}}\n' + TOOL_CALL_END)
-
 
 # Why state the schema as well as enforce it: a model only constrained, never told the shape, fills
 # free strings with whatever it drifts into. bench/json_schemas.py's parse() part, 150 seeded calls at
@@ -75,15 +66,16 @@ def with_schema_instruction(messages: list[ChatMessage], schema: Any) -> list[Ch
 def render_chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage],
                        tools: Optional[list[dict[str, Any]]] = None,
                        template_kwargs: Optional[dict[str, Any]] = None,
-                       add_generation_prompt: bool = True) -> str:
-    """The prompt text for `messages`; 400 if the template refuses them."""
+                       add_generation_prompt: bool = True, fmt: ToolFormat = FORMATS["hermes"]) -> str:
+    """The prompt text for `messages` (tools and calls in `fmt` where the template does not render
+    them); 400 if the template refuses them."""
     template = tokenizer.chat_template or ""
     native_tools = "tools" in template
     if native_tools:
         rendered = [_native_message(m) for m in messages]
         extra = {"tools": tools} if tools else {}
     else:
-        rendered = _hermes_messages(messages, tools)
+        rendered = _prompted_messages(messages, tools, fmt)
         extra = {}
     extra.update(template_kwargs or {})
     try:
@@ -117,27 +109,23 @@ def _native_message(m: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def _hermes_messages(messages: list[ChatMessage], tools: Optional[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def _prompted_messages(messages: list[ChatMessage], tools: Optional[list[dict[str, Any]]],
+                       fmt: ToolFormat) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for m in messages:
         content = m.content or ""
         if m.tool_calls:
-            blocks = [_hermes_call_block(c.function.name, _arguments(c.function.arguments, "messages.tool_calls"))
-                      for c in m.tool_calls]
-            content = "\n".join(([content] if content else []) + blocks)
+            calls = fmt.render_calls([(c.function.name, _arguments(c.function.arguments, "messages.tool_calls"))
+                                      for c in m.tool_calls])
+            content = f"{content}\n{calls}" if content else calls
         elif m.role == "tool":
-            content = f"<tool_response>\n{content}\n</tool_response>"
+            content = fmt.result_message(content)
         out.append({"role": _role(m), "content": content})
     if tools:
         listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        prompt = HERMES_TOOLS_PROMPT.format(tools=listing)
+        prompt = fmt.instruction.format(tools=listing)
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}
         else:
             out.insert(0, {"role": "system", "content": prompt})
     return out
-
-
-def _hermes_call_block(name: str, arguments: Any) -> str:
-    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL_BEGIN}\n{call}\n{TOOL_CALL_END}"

@@ -8,10 +8,11 @@ piece as it is generated.
   array of them; every call's arguments validate against its own tool's parameters. JSON (not a
   structural tag) so that both grammar backends can enforce it.
 - a named function: exactly one call object to that function, as OpenAI answers it.
-- `auto`: the model answers freely; each Hermes-style `<tool_call>` block is constrained by a
-  structural tag (arguments always valid for the tool the block names) and parsed into
-  `tool_calls`; without `parallel_tool_calls` the output ends after the first block. A tool-call
-  block never reaches the client as content.
+- `auto`: the model answers freely; each call in the model's own markup (api/openai/tool_formats.py:
+  Hermes `<tool_call>` blocks, Llama 3 JSON, Mistral `[TOOL_CALLS]`, Phi-4-mini `functools`) is
+  constrained by a structural tag (arguments always valid for the tool the call names) and parsed
+  into `tool_calls`; without `parallel_tool_calls` the output ends after the first call. Tool-call
+  markup never reaches the client as content.
 
 The parsers return typed events (`TextDelta`, `CallStarted`, `ArgumentsDelta`, `CallDone`) that
 both chat completions and Responses turn into their own stream shapes.
@@ -27,13 +28,10 @@ from typing import Any, Callable, Optional, Union
 
 from radixserve.api.errors import bad_request
 from radixserve.api.openai.protocol import ToolDefinition
+from radixserve.api.openai.tool_formats import FORMATS, LLAMA_PYTHON_TAG, ToolFormat
 from radixserve.grammar.spec import GrammarSpec
 
 log = logging.getLogger("radixserve.api")
-
-TOOL_CALL_BEGIN = "<tool_call>"
-TOOL_CALL_END = "</tool_call>"
-
 
 @dataclass
 class ToolCall:
@@ -88,6 +86,7 @@ class ToolPlan:
     tools: list[ToolDefinition]                 # tools the model may call (shown to the template)
     build_constraint: Optional[Callable[[], GrammarSpec]] = None  # may raise GrammarError
     parallel: bool = True                       # may one turn carry several calls
+    format: ToolFormat = FORMATS["hermes"]      # how the model spells calls (`auto`) and earlier turns
 
     @property
     def template_tools(self) -> Optional[list[dict[str, Any]]]:
@@ -96,39 +95,41 @@ class ToolPlan:
     def new_parser(self) -> Optional["ToolCallParser"]:
         names = {t.function.name for t in self.tools}
         if self.mode == "auto":
-            return HermesToolCallParser(names)
+            return MarkupToolCallParser(names, self.format)
         if self.mode == "required":
             return WholeOutputToolCallParser(names)
         return None
 
 
-def plan_tools(req: Any) -> ToolPlan:
+def plan_tools(req: Any, fmt: ToolFormat = FORMATS["hermes"]) -> ToolPlan:
     """Resolve tools + tool_choice + parallel_tool_calls of a request (anything with those three
-    attributes, as ChatCompletionRequest has) into a plan; 400 for an unknown tool."""
+    attributes, as ChatCompletionRequest has) into a plan for a model that spells calls in `fmt`;
+    400 for an unknown tool."""
     tools = req.tools or []
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
     parallel = req.parallel_tool_calls is not False      # OpenAI's default is true
     if not tools:
         if choice != "none":
             raise bad_request("tool_choice: requires tools", param="tool_choice")
-        return ToolPlan("none", [])
+        return ToolPlan("none", [], format=fmt)
     names = [t.function.name for t in tools]
     if len(set(names)) != len(names):
         raise bad_request("tools: function names must be unique", param="tools")
     if choice == "none":
-        return ToolPlan("none", tools, parallel=parallel)
+        return ToolPlan("none", tools, parallel=parallel, format=fmt)
     if choice == "auto":
-        return ToolPlan("auto", tools, lambda: _hermes_structural_tag(tools, not parallel), parallel)
+        return ToolPlan("auto", tools, lambda: GrammarSpec.structural_tag(fmt.structural_tag(tools, not parallel)),
+                        parallel, fmt)
     if choice == "required":
         return ToolPlan("required", tools, lambda: GrammarSpec.json_schema(_calls_schema(tools, parallel)),
-                        parallel)
+                        parallel, fmt)
     named = [t for t in tools if t.function.name == choice.function.name]
     if not named:
         raise bad_request(f"tool_choice: function {choice.function.name!r} is not among the tools "
                           f"({', '.join(names)})", param="tool_choice")
     # A named function is one call to it, as OpenAI answers it (instructor and langchain's
     # structured output read exactly one call), whatever parallel_tool_calls says.
-    return ToolPlan("required", named, lambda: GrammarSpec.json_schema(_calls_schema(named, False)), False)
+    return ToolPlan("required", named, lambda: GrammarSpec.json_schema(_calls_schema(named, False)), False, fmt)
 
 
 def _calls_schema(tools: list[ToolDefinition], parallel: bool) -> dict[str, Any]:
@@ -139,14 +140,6 @@ def _calls_schema(tools: list[ToolDefinition], parallel: bool) -> dict[str, Any]
                 "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     call = options[0] if len(options) == 1 else {"anyOf": options}
     return {"type": "array", "items": call, "minItems": 1} if parallel else call
-
-
-def _hermes_structural_tag(tools: list[ToolDefinition], single: bool) -> GrammarSpec:
-    # The begin string fixes the name, so the body is exactly that tool's arguments object.
-    tags = [{"begin": f'{TOOL_CALL_BEGIN}\n{{"name": {json.dumps(t.function.name)}, "arguments": ',
-             "schema": t.function.parameters, "end": f"}}\n{TOOL_CALL_END}"} for t in tools]
-    return GrammarSpec.structural_tag({"tags": tags, "triggers": [TOOL_CALL_BEGIN], "at_least_one": False,
-                                       "stop_after_first": single})
 
 
 def parse_call_json(text: str, allowed: set[str]) -> Optional[ToolCall]:
@@ -167,9 +160,16 @@ def _call_from_object(obj: Any, allowed: set[str]) -> Optional[ToolCall]:
     return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
-# A call object's head up to its arguments value, which must be an object: the shape both the
-# structural tag and the JSON schema produce (name first), whatever the whitespace.
-_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)', re.S)
+def _call_head(args_key: str) -> re.Pattern:
+    """A call object's head up to its arguments value, which must be an object: the shape both the
+    structural tag and the JSON schema produce (name first), whatever the whitespace."""
+    return re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"' + args_key + r'"\s*:\s*(?=\{)', re.S)
+
+
+_CALL_HEAD = _call_head("arguments")
+# where a bare call object (Llama 3) may start
+_BARE_CALL = re.compile(r'\{\s*"name"\s*:')
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 class _ValueEnd:
@@ -230,10 +230,10 @@ class ToolCallParser:
         self._pending_ws = text[len(body):]
         return [TextDelta(body)] if body else []
 
-    def _try_head(self, buffer: str) -> Optional[tuple[list[ParserEvent], str]]:
+    def _try_head(self, buffer: str, head: re.Pattern = _CALL_HEAD) -> Optional[tuple[list[ParserEvent], str]]:
         """If `buffer` (from a call object's start) holds the whole head of a call to an allowed
         tool: CallStarted plus what follows of the arguments, and the text after them."""
-        m = _CALL_HEAD.match(buffer)
+        m = head.match(buffer)
         if m is None:
             return None
         try:
@@ -286,67 +286,165 @@ class ToolCallParser:
         self._open, self._args, self._args_text = None, None, []
 
 
-class HermesToolCallParser(ToolCallParser):
-    """Free text with `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks
-    (tool_choice auto). States: text, head (after the begin tag), args, tail (up to the end tag)."""
+class MarkupToolCallParser(ToolCallParser):
+    """Free text with calls in the model's own markup (tool_choice auto; api/openai/tool_formats.py):
+    Hermes `<tool_call>` blocks, Llama 3's bare objects joined by ";", Mistral's `[TOOL_CALLS][...]`,
+    Phi-4-mini's `functools[...]`. States: text, open (after a block's marker), head (a call
+    object's start), args, close (its closing brace), next (another call of the block?), tail (up
+    to the block's end marker), skip (a block of no call of ours, dropped)."""
 
-    def __init__(self, allowed: set[str]):
+    def __init__(self, allowed: set[str], fmt: ToolFormat = FORMATS["hermes"]):
         super().__init__(allowed)
+        self.fmt = fmt
+        self._head = _call_head(fmt.args_key)
+        self._markers = [m for m in (fmt.begin.strip(), LLAMA_PYTHON_TAG if fmt.name == "llama3_json" else "") if m]
+        self._end = fmt.end.strip()
         self._buffer = ""
         self._state = "text"
+        self._skip: Optional[_ValueEnd] = None
 
     def feed(self, text: str) -> list[ParserEvent]:
         self._buffer += text
         events: list[ParserEvent] = []
         while True:
-            if self._state == "text":
-                start = self._buffer.find(TOOL_CALL_BEGIN)
-                if start < 0:
-                    keep = _partial_suffix(self._buffer, TOOL_CALL_BEGIN)
+            state, rest = self._state, self._buffer.lstrip()
+            if state == "text":
+                start = self._block_start()
+                if start is None:
+                    keep = self._held()
                     events += self._content(self._buffer[:len(self._buffer) - keep])
                     self._buffer = self._buffer[len(self._buffer) - keep:]
                     return events
-                events += self._content(self._buffer[:start])
-                self._buffer = self._buffer[start + len(TOOL_CALL_BEGIN):]
+                events += self._content(self._buffer[:start[0]])
+                self._buffer = self._buffer[start[1]:]
+                self._state = "open"
+            elif state == "open":
+                if not rest:
+                    return events
+                if self.fmt.array and rest[0] != "[":
+                    self._state = "text"         # a marker with no array after it: dropped
+                    continue
+                self._buffer = rest[1:] if self.fmt.array else self._buffer
                 self._state = "head"
-            elif self._state == "head":
-                started = self._try_head(self._buffer)
+            elif state == "head":
+                started = self._try_head(self._buffer, self._head)
                 if started is not None:
                     more, self._buffer = started
                     events += more
-                    self._state = "tail" if self._args.done else "args"
-                    continue
-                end = self._buffer.find(TOOL_CALL_END)
-                if end < 0:
-                    return events          # the head is not complete yet
-                # another shape (not name-then-arguments): read the block as a whole
-                block = self._buffer[:end]
-                events += self._whole_call(parse_call_json(block.strip(), self.allowed), block)
-                self._buffer = self._buffer[end + len(TOOL_CALL_END):]
-                self._state = "text"
-            elif self._state == "args":
+                    self._state = "close" if self._args.done else "args"
+                elif not rest or _could_be_head(rest, self.fmt.args_key):
+                    return events                # the head is not complete yet
+                elif self._end:
+                    # another shape (not name-then-arguments): read the block as a whole
+                    end = self._buffer.find(self._end)
+                    if end < 0:
+                        return events
+                    block = self._buffer[:end]
+                    events += self._whole_call(parse_call_json(block.strip(), self.allowed), block)
+                    self._buffer = self._buffer[end + len(self._end):]
+                    self._state = "text"
+                elif not self.fmt.begin:         # a bare object that is no call: plain content
+                    events += self._content(rest[0])
+                    self._buffer, self._state = rest[1:], "text"
+                else:
+                    self._skip, self._state = _ValueEnd(), "skip"
+                    self._skip.depth = 1 if self.fmt.array else 0
+            elif state == "args":
                 more, self._buffer = self._feed_args(self._buffer)
                 events += more
                 if not self._args.done:
                     return events
-                self._state = "tail"
-            else:  # tail: the call object's closing brace, then the end tag
-                end = self._buffer.find(TOOL_CALL_END)
-                if end < 0:
+                self._state = "close"
+            elif state == "close":
+                if not rest:
                     return events
-                events += self._close_call()
-                self._buffer = self._buffer[end + len(TOOL_CALL_END):]
+                if rest[0] == "}":
+                    events += self._close_call()
+                    rest = rest[1:]
+                else:
+                    self._drop_open_call("not closed where its arguments end")
+                self._buffer, self._state = rest, "next"
+            elif state == "next":
+                if not rest:
+                    return events
+                more = "," if self.fmt.array else self.fmt.separator
+                if more and rest[0] == more:
+                    self._buffer, self._state = rest[1:], "head"
+                else:
+                    if self.fmt.array and rest[0] == "]":
+                        self._buffer = rest[1:]
+                    self._state = "tail"
+            elif state == "skip":
+                n = self._skip.feed(self._buffer)
+                self._buffer = self._buffer[n:]
+                if not self._skip.done:
+                    return events
+                log.warning("dropping a tool-call block that calls no known tool")
+                self._state = "tail"
+            else:  # tail: up to the block's end marker, if the format has one
+                if self._end:
+                    end = self._buffer.find(self._end)
+                    if end < 0:
+                        return events
+                    self._buffer = self._buffer[end + len(self._end):]
                 self._state = "text"
 
     def finish(self) -> list[ParserEvent]:
-        # An unclosed block means the reply was cut off (max_tokens): it is not a complete call
-        # and, being tool-call text, not content either.
+        # A block cut off inside a call (max_tokens) is not a complete call and, being tool-call
+        # text, not content either.
+        if self._state not in ("text", "next", "tail"):
+            self._drop_open_call("cut off before its arguments closed")
         if self._state != "text":
-            self._drop_open_call("cut off before its end tag")
             self._buffer, self._state = "", "text"
             return []
         rest, self._buffer = self._buffer, ""
         return self._content(rest)
+
+    def _block_start(self) -> Optional[tuple[int, int]]:
+        """(where the first block starts, where its content starts) in the buffer; the two are the
+        same for a bare call object."""
+        found = [(i, i + len(m)) for m in self._markers if (i := self._buffer.find(m)) >= 0]
+        if not self.fmt.begin and (bare := _BARE_CALL.search(self._buffer)) is not None:
+            found.append((bare.start(), bare.start()))
+        return min(found) if found else None
+
+    def _held(self) -> int:
+        """How much of the buffer's end may still become a block's start."""
+        keep = max((_partial_suffix(self._buffer, m) for m in self._markers), default=0)
+        brace = self._buffer.rfind("{")
+        if not self.fmt.begin and brace >= 0:
+            after = self._buffer[brace + 1:].lstrip()
+            if '"name"'.startswith(after) or (after.startswith('"name"') and not after[6:].strip()):
+                keep = max(keep, len(self._buffer) - brace)
+        return keep
+
+
+def _could_be_head(text: str, args_key: str) -> bool:
+    """Whether `text` (from a call object's brace) may still grow into a call's head
+    `{"name": "...", "<args_key>": {`, whatever the whitespace. A whole head counts as no: the
+    caller's pattern would have taken it had it named a tool of ours."""
+    parts = ["{", '"name"', ":", None, ",", f'"{args_key}"', ":", "{"]   # None: the name, any JSON string
+    i = 0
+    for part in parts:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i == len(text):
+            return True
+        if part is None:
+            if text[i] != '"':
+                return False
+            m = _JSON_STRING.match(text, i)
+            if m is None:
+                return True              # the name is still being written
+            i = m.end()
+            continue
+        seen = text[i:i + len(part)]
+        if not part.startswith(seen):
+            return False
+        if len(seen) < len(part):
+            return True
+        i += len(part)
+    return False
 
 
 class WholeOutputToolCallParser(ToolCallParser):

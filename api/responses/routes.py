@@ -49,7 +49,8 @@ async def create_response(req: ResponsesRequest, http: Request, state: ServerSta
         turn = build_turn(req, state.responses)
         inputs = chat_inputs(turn.chat, state)
         return turn, inputs, inputs.fitting(
-            lambda messages: prompt_ids(engine.tokenizer, messages, inputs.plan.template_tools, turn.previous),
+            lambda messages: prompt_ids(engine.tokenizer, messages, inputs.plan.template_tools, turn.previous,
+                                        inputs.plan.format),
             lambda prompt: len(prompt[1]), engine.admission, req.max_output_tokens)
 
     try:  # schema normalisation, the chat template and the tokenizer, off the event loop

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from radixserve.api.openai.chat_prompt import render_chat_prompt
+from radixserve.api.openai.tool_formats import FORMATS, ToolFormat
 from radixserve.api.errors import APIError, bad_request
 from radixserve.api.openai.protocol import (AssistantToolCall, ChatCompletionRequest, ChatMessage, FunctionCall,
                                      NamedFunction, NamedToolChoice, ResponseFormat, JsonSchemaFormat,
@@ -95,10 +96,10 @@ def output_messages(items: list[dict[str, Any]]) -> list[ChatMessage]:
 
 
 def prompt_ids(tokenizer: Tokenizer, messages: list[ChatMessage], template_tools: Optional[list[dict[str, Any]]],
-               previous: Optional[StoredResponse]) -> tuple[str, list[int]]:
+               previous: Optional[StoredResponse], fmt: ToolFormat = FORMATS["hermes"]) -> tuple[str, list[int]]:
     """The rendered prompt and its token ids, starting with the previous turn's own ids when the
     text allows it."""
-    text = render_chat_prompt(tokenizer, messages, template_tools)
+    text = render_chat_prompt(tokenizer, messages, template_tools, fmt=fmt)
     if previous is not None and text.startswith(previous.text):
         return text, previous.token_ids + tokenizer.encode(text[len(previous.text):], add_special_tokens=False)
     return text, tokenizer.encode(text)

@@ -1,0 +1,111 @@
+"""How each model family spells tool calls: a registry of formats, chosen from the chat template
+(or `--tool-call-format`).
+
+A format knows four things, all derived from one spelling of a call, so what the grammar lets the
+model write, what the parser reads back and what the next turn renders agree:
+- the instruction and call rendering for templates that cannot render tools themselves;
+- the structural tag that constrains `auto` calls (arguments always valid for the named tool);
+- where calls start and how several are joined, for the streaming parser (api/openai/tools.py);
+- how calls of an earlier turn are written back into the prompt.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    args_key: str                   # "arguments", or Llama 3's "parameters"
+    begin: str                      # what opens a block of calls ("" : a bare call object)
+    end: str                        # what closes it after the last call ("" : nothing)
+    array: bool                     # the block holds a JSON array of calls
+    separator: str                  # between calls of one block, when not an array (Llama 3: ";")
+    instruction: str                # for templates that do not render tools; {tools}: one JSON per line
+
+    def call_object(self, name: str, arguments: Any) -> str:
+        return json.dumps({"name": name, self.args_key: arguments}, ensure_ascii=False)
+
+    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+        """An earlier turn's calls, as this format writes them (and as `auto`'s grammar spells them)."""
+        objects = [self.call_object(name, args) for name, args in calls]
+        if self.name == "hermes":   # one tag pair per call
+            return "\n".join(f"{self.begin}{o}{self.end}" for o in objects)
+        body = f"[{', '.join(objects)}]" if self.array else f"{self.separator} ".join(objects)
+        return f"{self.begin}{body}{self.end}"
+
+    def structural_tag(self, tools: list, single: bool) -> dict[str, Any]:
+        """xgrammar's structural tag for `auto`: each tag begins with the call up to its arguments
+        (the name fixed), whose body is that tool's parameters schema."""
+        open_, close = ("[", "]") if self.array else ("", "")
+        tags = [{"begin": f'{self.begin}{open_}{{"name": {json.dumps(t.function.name)}, "{self.args_key}": ',
+                 "schema": t.function.parameters, "end": f"}}{close}{self.end}"} for t in tools]
+        return {"tags": tags, "triggers": [self.trigger], "at_least_one": False, "stop_after_first": single}
+
+    @property
+    def trigger(self) -> str:
+        return self.begin.strip() or '{"name": '
+
+    def result_message(self, content: str) -> str:
+        """A tool's result, as the message content a template without tool support gets."""
+        return f"<tool_response>\n{content}\n</tool_response>" if self.name == "hermes" else content
+
+
+def _instruction(spelling: str) -> str:
+    return ("You are a function calling AI model. You may call one or more of these functions to assist with "
+            "the user query. Don't make assumptions about what values to plug into functions. "
+            "Here are the available tools:\n{tools}\n" f"To call functions, answer with {spelling}")
+
+
+FORMATS = {
+    "hermes": ToolFormat(
+        "hermes", "arguments", "<tool_call>\n", "\n</tool_call>", False, "",
+        "You are a function calling AI model. You are provided with function signatures within <tools></tools> "
+        "XML tags. You may call one or more functions to assist with the user query. Don't make assumptions "
+        "about what values to plug into functions. Here are the available tools: <tools>\n{tools}\n</tools>\n"
+        "For each function call return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
+        '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'),
+    # Llama 3.x: a bare JSON object per call (3.1's <|python_tag|> before it is read too), ";" between
+    "llama3_json": ToolFormat(
+        "llama3_json", "parameters", "", "", False, ";",
+        _instruction('a JSON object {{"name": <function-name>, "parameters": <args-json-object>}} per call, '
+                     'separated by ";", and nothing else.')),
+    "mistral": ToolFormat(
+        "mistral", "arguments", "[TOOL_CALLS]", "", True, "",
+        _instruction('[TOOL_CALLS] followed by a JSON array of '
+                     '{{"name": <function-name>, "arguments": <args-json-object>}} objects.')),
+    # Phi-4-mini: functools[...]
+    "phi4_mini": ToolFormat(
+        "phi4_mini", "arguments", "functools", "", True, "",
+        _instruction('functools followed by a JSON array of '
+                     '{{"name": <function-name>, "arguments": <args-json-object>}} objects.')),
+}
+# a marker some templates put before a Llama 3 call; read as the call's start, never as content
+LLAMA_PYTHON_TAG = "<|python_tag|>"
+
+
+def detect_tool_format(chat_template: Optional[str]) -> ToolFormat:
+    """The format a model was trained on, from the markup its chat template writes; Hermes (what
+    Qwen and most fine-tunes use, and what we prompt templates without tools with) otherwise."""
+    t = chat_template or ""
+    if "[TOOL_CALLS]" in t or "[AVAILABLE_TOOLS]" in t:
+        return FORMATS["mistral"]
+    if "<tool_call>" in t:
+        return FORMATS["hermes"]
+    if LLAMA_PYTHON_TAG in t or ("<|start_header_id|>" in t and "tools" in t):
+        return FORMATS["llama3_json"]
+    if "functools" in t or "<|tool|>" in t:
+        return FORMATS["phi4_mini"]
+    return FORMATS["hermes"]
+
+
+def tool_format(name: Optional[str], chat_template: Optional[str]) -> ToolFormat:
+    """`--tool-call-format` (auto: from the template)."""
+    if name in (None, "auto"):
+        return detect_tool_format(chat_template)
+    if name not in FORMATS:
+        raise ValueError(f"unknown tool-call format {name!r} (known: auto, {', '.join(FORMATS)})")
+    return FORMATS[name]
