@@ -99,12 +99,13 @@ class SharedPrefixes:
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      kv_rows: torch.Tensor, bias: torch.Tensor, scale: float,
                      shared: Optional[SharedPrefixes] = None, bags: Optional[torch.Tensor] = None,
-                     layer: int = 0) -> torch.Tensor:
+                     layer: int = 0, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One query per request. q: [B, heads, dim]; kv_rows: `decode_kv_rows` of the requests'
     page-table rows (padded with a zeroed page); bias: [B, 1, 1, n * page_size] `attention_bias`,
     0 where a position is in the context, -inf past its end; bags: `value_bags(kv_rows)` if the
     caller has them (they are the same for every layer of a step); layer: which of `shared`'s
-    gathered prefixes are this cache's.
+    gathered prefixes are this cache's; sinks: [heads] float32 logits that join each head's
+    softmax and weigh nothing (gpt-oss; not with `shared`).
 
     With `shared`, kv_rows covers only each row's positions after its group's prefix; the two
     parts are attended separately and merged by their softmax normalisers.
@@ -122,7 +123,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # the query heads that share a KV head are rows of one query
     qg = q.view(b, kv_heads, group, dim)
     if shared is None:
-        return _weighted_values(_scaled_scores(qg, k, bias, scale).softmax(-1), v_cache, bags).view(q.shape)
+        p = _softmax(_scaled_scores(qg, k, bias, scale), None if sinks is None else sinks.view(1, kv_heads, group, 1))
+        return _weighted_values(p, v_cache, bags).view(q.shape)
+    assert sinks is None, "attention sinks with shared prefixes"
 
     # Both parts are scored in base 2 (scale * log2(e)) and weighted with exp2, which runs ~3x
     # faster than exp on the CPU here; softmax's own exp above is already fast.
@@ -148,6 +151,16 @@ def _scaled_scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: 
     if not bias.is_floating_point():  # a bool mask would be added as 0 / 1
         raise TypeError("attention bias must be float (attention_bias of the mask), got " + str(bias.dtype))
     return torch.add(bias, torch.matmul(q, k.transpose(-1, -2)), alpha=scale)
+
+
+def _softmax(scores: torch.Tensor, sink: Optional[torch.Tensor]) -> torch.Tensor:
+    """Softmax over the last axis of scores; with `sink` (each row's sink logit, shaped to
+    broadcast against scores[..., :1]), it joins the softmax as one more position whose weight
+    is dropped."""
+    if sink is None:
+        return scores.softmax(-1)
+    sink = sink.to(scores.dtype).expand(*scores.shape[:-1], 1)
+    return torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
 
 
 def _unnormalised(scores: torch.Tensor, weigh_values: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -225,8 +238,11 @@ def scored_extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                      k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     context_slots: Optional[torch.Tensor], prefix_len: int, scale: float) -> torch.Tensor:
-    """New tokens of one request with SDPA: causal over themselves, full over the cached prefix.
+                     context_slots: Optional[torch.Tensor], prefix_len: int, scale: float,
+                     window: Optional[int] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """New tokens of one request with SDPA: causal over themselves, full over the cached prefix
+    (with `window`, each sees only the last `window` positions up to itself; with `sinks` [heads],
+    each head's sink logit joins its softmax: scored here, SDPA takes none).
 
     q: [n, heads, dim]; k_new/v_new: [n, kv_heads, dim]; context_slots: [prefix_len + n] (their K/V
     already written) or None when there is no prefix.
@@ -239,10 +255,27 @@ def extend_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
         v = _flat(v_cache).index_select(0, context_slots)
     qh, kh, vh = q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
     gqa = q.shape[1] != k.shape[1]
-    if prefix_len == 0:
+    if prefix_len == 0 and window is None and sinks is None:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=n > 1, scale=scale, enable_gqa=gqa)
     else:
         rows = torch.arange(n, device=q.device).unsqueeze(1) + prefix_len
-        mask = torch.arange(prefix_len + n, device=q.device).unsqueeze(0) <= rows
+        columns = torch.arange(prefix_len + n, device=q.device).unsqueeze(0)
+        mask = columns <= rows
+        if window is not None:
+            mask &= columns > rows - window
+        if sinks is not None:
+            return _scored_with_sinks(q, k, v, attention_bias(mask), scale, sinks)
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return out.squeeze(0).transpose(0, 1)
+
+
+def _scored_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float,
+                       sinks: torch.Tensor) -> torch.Tensor:
+    """q [n, heads, dim] over k / v [L, kv_heads, dim] with bias [n, L] and sink logits [heads]."""
+    n, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    qg = q.view(n, kv_heads, heads // kv_heads, dim).permute(1, 2, 0, 3)          # [kv, group, n, dim]
+    scores = _scaled_scores(qg, k.transpose(0, 1).unsqueeze(1), bias, scale)     # [kv, group, n, L]
+    p = _softmax(scores, sinks.view(kv_heads, -1, 1, 1)).to(v.dtype)
+    out = torch.matmul(p, v.transpose(0, 1).unsqueeze(1))                       # [kv, group, n, dim]
+    return out.permute(2, 0, 1, 3).reshape(n, heads, dim)

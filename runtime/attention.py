@@ -38,14 +38,23 @@ class AttentionBackend(Protocol):
         ...
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                batch: ForwardBatch) -> torch.Tensor:
-        """q: [T, heads, dim], k/v: [T, kv_heads, dim] -> [T, heads, dim]; stores k/v in the cache."""
+                batch: ForwardBatch, window: Optional[int] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """q: [T, heads, dim], k/v: [T, kv_heads, dim] -> [T, heads, dim]; stores k/v in the cache.
+        `window`: this layer sees only the last `window` positions (sliding-window layers);
+        `sinks`: [heads] logits that join each head's softmax (gpt-oss)."""
         ...
 
 
-def resolve_attention_backend(name: str, platform: Platform) -> str:
+def resolve_attention_backend(name: str, platform: Platform, window: Optional[int] = None,
+                              sinks: bool = False) -> str:
     """`auto`: the platform decides (Triton on CUDA when installed, the C++ kernels on the CPU
-    where they build, torch elsewhere)."""
+    where they build, torch elsewhere). Only the torch backend masks sliding windows and takes
+    attention sinks so far: a model with either (Gemma 3, gpt-oss) runs on it, on any device."""
+    if window is not None or sinks:
+        if name not in ("auto", "torch"):
+            raise ValueError(f"attention backend {name} cannot run this model's sliding windows or attention "
+                             "sinks: use torch")
+        return "torch"
     if name == "auto":
         return platform.default_attention_backend()
     if name not in ATTENTION_BACKENDS:
@@ -54,8 +63,8 @@ def resolve_attention_backend(name: str, platform: Platform) -> str:
 
 
 def make_attention_backend(name: str, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int,
-                           platform: Platform) -> AttentionBackend:
-    resolved = resolve_attention_backend(name, platform)
+                           platform: Platform, window: Optional[int] = None, sinks: bool = False) -> AttentionBackend:
+    resolved = resolve_attention_backend(name, platform, window, sinks)
     if resolved == "triton":
         return TritonAttentionBackend(kv_cache, page_table, num_heads, platform)
     if resolved == "cpu":
@@ -65,4 +74,4 @@ def make_attention_backend(name: str, kv_cache: KVCache, page_table: torch.Tenso
         if name != "auto":
             raise ValueError("attention backend cpu needs the CPU kernels (a C++ compiler) and a float32 or "
                              "bfloat16 KV cache on the CPU")
-    return torch_attention_backend(kv_cache, page_table, num_heads)
+    return torch_attention_backend(kv_cache, page_table, num_heads, window, sinks)

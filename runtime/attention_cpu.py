@@ -37,7 +37,8 @@ class KernelDecodes:
         return PagedDecode.of(self.kv.k, self.kv.v, self.table, plan, self.scale)
 
     def forward(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: PagedDecode) -> torch.Tensor:
+                meta: PagedDecode, window: Optional[int] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        assert window is None and sinks is None, "the C++ decode kernels take neither (runtime/attention.py)"
         if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
             q = q.contiguous()
         return self.kernels.decode_attention(q, meta, layer)

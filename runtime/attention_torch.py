@@ -76,6 +76,7 @@ class TorchDecodeMetadata:
     bias: torch.Tensor                      # [num_decode, 1, 1, L] float32: 0 = attend, -inf = not
     value_bags: torch.Tensor                # value_bags(kv_rows), the same for every layer
     shared: Optional[SharedPrefixes]        # cached prefixes that groups of decodes share
+    window_bias: Optional[torch.Tensor] = None   # `bias` less what falls out of the sliding window
 
 
 @dataclass
@@ -94,14 +95,17 @@ class DecodePath(Protocol):
         ...
 
     def forward(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: Any) -> torch.Tensor: ...
+                meta: Any, window: Optional[int] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor: ...
 
 
 class TorchExtends:
-    """Extend segments: those after the same cached whole pages scored in one call, SDPA for the rest."""
+    """Extend segments: those after the same cached whole pages scored in one call, SDPA for the rest
+    (all of them for a model with sliding-window layers, whose masks the scored call does not take)."""
 
-    def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int):
-        self.kv, self.table, self.heads = kv_cache, page_table, num_heads
+    def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, window: Optional[int] = None,
+                 share: bool = True):
+        self.kv, self.table, self.heads, self.window = kv_cache, page_table, num_heads, window
+        self.share = share and window is None
         _, _, self.page_size, self.kv_heads, head_dim = kv_cache.k.shape
         self.scale = head_dim ** -0.5
         self.device = page_table.device
@@ -109,19 +113,20 @@ class TorchExtends:
 
     def prepare(self, extends: list[ExtendSeq], meta: HostAttentionMetadata) -> None:
         contexts = [self._context_slots(s) if s.prefix_len else None for s in extends]
-        meta.scored_extends, scored = self._scored_extends(extends, contexts)
+        meta.scored_extends, scored = self._scored_extends(extends, contexts) if self.share else ([], set())
         meta.sdpa_extends = [SdpaExtend(slice(s.start, s.start + s.length), s.prefix_len, ctx)
                              for i, (s, ctx) in enumerate(zip(extends, contexts)) if i not in scored]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: HostAttentionMetadata, out: torch.Tensor) -> None:
+                v_cache: torch.Tensor, meta: HostAttentionMetadata, out: torch.Tensor,
+                window: Optional[int] = None, sinks: Optional[torch.Tensor] = None) -> None:
         for scored in meta.scored_extends:
             out.index_copy_(0, scored.rows, scored_extend_attention(q.index_select(0, scored.rows), k_cache,
                                                                     v_cache, scored.context, self.scale))
         for seg in meta.sdpa_extends:
             rows = seg.rows
             out[rows] = extend_attention(q[rows], k[rows], v[rows], k_cache, v_cache,
-                                         seg.context_slots, seg.prefix_len, self.scale)
+                                         seg.context_slots, seg.prefix_len, self.scale, window, sinks)
 
     def _context_slots(self, seg: ExtendSeq) -> torch.Tensor:
         """[prefix_len + length] slot of each position of the segment's context."""
@@ -164,10 +169,13 @@ class TorchExtends:
 
 
 class TorchDecodes:
-    """Decodes in one batched torch call; the K/V of shared prefixes may stay gathered across steps."""
+    """Decodes in one batched torch call; the K/V of shared prefixes may stay gathered across steps
+    (not with sliding-window layers: their masks start where each request's window does)."""
 
-    def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int):
-        self.kv, self.table = kv_cache, page_table
+    def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, window: Optional[int] = None,
+                 share: bool = True):
+        self.kv, self.table, self.window = kv_cache, page_table, window
+        self.share = share and window is None
         _, _, self.page_size, self.kv_heads, head_dim = kv_cache.k.shape
         self.query_group = num_heads // self.kv_heads   # query heads per KV head
         self.scale = head_dim ** -0.5
@@ -179,7 +187,7 @@ class TorchDecodes:
         if not decodes:
             self._kept_prefixes = None
             return None
-        groups = shared_prefix_groups(decodes, self.page_size)
+        groups = shared_prefix_groups(decodes, self.page_size) if self.share else []
         shared_pages = [0] * len(decodes)
         for members, n in groups:
             for i in members:
@@ -188,12 +196,21 @@ class TorchDecodes:
         shared = self._shared_prefixes(decodes, groups) if groups else None
         if shared is None:
             self._kept_prefixes = None
-        return TorchDecodeMetadata(kv_rows, bias, value_bags(kv_rows, self.query_group), shared)
+        window_bias = None
+        if self.window is not None:
+            lens = torch.tensor([d.context_len for d in decodes], device=self.device)
+            positions = torch.arange(bias.shape[-1], device=self.device)
+            window_bias = bias.masked_fill((positions < (lens - self.window).unsqueeze(1))[:, None, None, :],
+                                           float("-inf"))
+        return TorchDecodeMetadata(kv_rows, bias, value_bags(kv_rows, self.query_group), shared, window_bias)
 
     def forward(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: TorchDecodeMetadata) -> torch.Tensor:
-        return decode_attention(q, k_cache, v_cache, meta.kv_rows, meta.bias, self.scale, meta.shared,
-                                meta.value_bags, layer)
+                meta: TorchDecodeMetadata, window: Optional[int] = None,
+                sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        assert window in (None, self.window), "one sliding window size per model"
+        bias = meta.bias if window is None else meta.window_bias
+        return decode_attention(q, k_cache, v_cache, meta.kv_rows, bias, self.scale, meta.shared,
+                                meta.value_bags, layer, sinks)
 
     def _decode_rows(self, decodes: list[DecodeSeq], shared_pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_rows and attention bias of each decode's context past its first `shared_pages` pages."""
@@ -241,9 +258,10 @@ class HostAttentionBackend:
     graphs = None   # CUDA graphs need device-side metadata: none here
 
     def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, decodes: DecodePath,
-                 write: Callable[..., None] = write_kv, paged_decode: Optional[Callable[[Any], Any]] = None):
+                 write: Callable[..., None] = write_kv, paged_decode: Optional[Callable[[Any], Any]] = None,
+                 window: Optional[int] = None, share: bool = True):
         self.kv = kv_cache
-        self.extends = TorchExtends(kv_cache, page_table, num_heads)
+        self.extends = TorchExtends(kv_cache, page_table, num_heads, window, share)
         self.decodes = decodes
         self._write = write
         # the whole-layer CPU kernels' view of a pure-decode step's metadata (runtime/attention_cpu.py)
@@ -255,19 +273,26 @@ class HostAttentionBackend:
         return meta
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                batch: ForwardBatch) -> torch.Tensor:
+                batch: ForwardBatch, window: Optional[int] = None,
+                sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         meta: HostAttentionMetadata = batch.attention
         k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
         self._write(k_cache, v_cache, batch.out_slots, k, v)
         nd = meta.num_decode
         if nd == q.shape[0]:
-            return self.decodes.forward(layer, q, k_cache, v_cache, meta.decodes)
+            return self.decodes.forward(layer, q, k_cache, v_cache, meta.decodes, window, sinks)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = self.decodes.forward(layer, q[:nd], k_cache, v_cache, meta.decodes)
-        self.extends.forward(q, k, v, k_cache, v_cache, meta, out)
+            out[:nd] = self.decodes.forward(layer, q[:nd], k_cache, v_cache, meta.decodes, window, sinks)
+        self.extends.forward(q, k, v, k_cache, v_cache, meta, out, window, sinks)
         return out
 
 
-def torch_attention_backend(kv_cache: KVCache, page_table: torch.Tensor, num_heads: int) -> HostAttentionBackend:
-    return HostAttentionBackend(kv_cache, page_table, num_heads, TorchDecodes(kv_cache, page_table, num_heads))
+def torch_attention_backend(kv_cache: KVCache, page_table: torch.Tensor, num_heads: int,
+                            window: Optional[int] = None, sinks: bool = False) -> HostAttentionBackend:
+    """`window`: the sliding window of the model's windowed layers (one size per model), if any;
+    `sinks`: the model's layers have attention sinks. Either turns off attending shared prefixes
+    once for a group, whose calls take neither."""
+    share = window is None and not sinks
+    return HostAttentionBackend(kv_cache, page_table, num_heads,
+                                TorchDecodes(kv_cache, page_table, num_heads, window, share), window=window, share=share)

@@ -78,7 +78,8 @@ class TritonAttentionBackend:
         return meta
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                batch: ForwardBatch) -> torch.Tensor:
+                batch: ForwardBatch, window: Optional[int] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        assert window is None and sinks is None, "the Triton kernels take neither (runtime/attention.py)"
         meta: TritonAttentionMetadata = batch.attention
         k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
         ta.write_kv_triton(k_cache, v_cache, batch.out_slots, k, v)

@@ -99,7 +99,7 @@ class Engine:
         kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache, disk=disk)
         scheduler = Scheduler(config, kv)
         attention = make_attention_backend(config.attention_backend, self.kv_cache, table.table, mc.num_heads,
-                                           platform)
+                                           platform, mc.sliding_window, mc.attention_sinks)
         runner = ModelRunner(self.model, attention, table, p, self.kv_cache.pad_page, platform)
         if not config.disable_cuda_graph:
             runner.use_decode_graphs(config.max_running_requests, mc.max_context_len)

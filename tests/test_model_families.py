@@ -24,7 +24,7 @@ def hf_greedy(model, prompt: list[int]) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("arch", ["phi3", "phi4_mini", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["phi3", "phi4_mini", "mixtral", "qwen3_moe", "gemma3", "gpt_oss"])
 def test_batch_with_shared_prefix_and_chunked_prefill_equals_transformers_greedy(arch, make_engine, tmp_path,
                                                                                    default_tokenizer):
     hf = build_tiny_model(arch, tmp_path / arch, default_tokenizer)

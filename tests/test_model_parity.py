@@ -32,7 +32,7 @@ def our_logits(model_path, ids: list[int], page_size: int) -> tuple[torch.Tensor
     # pages in reverse order so that positions do not map to slots trivially
     pages = list(range(num_pages - 1, -1, -1))
     table = torch.tensor([pages])
-    attn = torch_attention_backend(kv, table, cfg.num_heads)
+    attn = torch_attention_backend(kv, table, cfg.num_heads, cfg.sliding_window, cfg.attention_sinks)
 
     def run(layout: BatchLayout) -> torch.Tensor:
         return model.forward(ForwardBatch.of(layout, attn.prepare(layout), cpu), attn)
@@ -62,7 +62,7 @@ def hf_greedy(hf_model, steps: int) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama_tied", "qwen2", "qwen3", "phi3", "phi4_mini", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["llama", "llama_tied", "qwen2", "qwen3", "phi3", "phi4_mini", "mixtral", "qwen3_moe", "gemma3", "gpt_oss"])
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_prefill_and_decode_logits_match_transformers(arch, page_size, tmp_path, default_tokenizer):
     hf = build_tiny_model(arch, tmp_path / arch, default_tokenizer)

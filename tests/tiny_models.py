@@ -40,6 +40,21 @@ def tiny_config(arch: str):
         # the second layer keeps a dense MLP; top-k probabilities are not renormalised
         return tf.Qwen3MoeConfig(**common, head_dim=32, num_experts=4, num_experts_per_tok=2,
                                  moe_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=False)
+    if arch == "gemma3":
+        # a window of 4 over a 12-token prompt, local and global layers with their own RoPE bases,
+        # final logit soft-capping and a query scale other than head_dim's
+        rope = {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+        return tf.Gemma3TextConfig(**{**common, "tie_word_embeddings": True}, head_dim=16, sliding_window=4,
+                                   layer_types=["sliding_attention", "full_attention"], rope_parameters=rope,
+                                   query_pre_attn_scalar=24, final_logit_softcapping=30.0, pad_token_id=0)
+    if arch == "gpt_oss":
+        # sinks, a window of 4 on alternate layers, YaRN, and an expert limit low enough to clamp
+        rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "original_max_position_embeddings": 64, "truncate": False}
+        return tf.GptOssConfig(**common, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                               layer_types=["sliding_attention", "full_attention"], rope_parameters=rope,
+                               swiglu_limit=1.0)
     raise ValueError(arch)
 
 

@@ -38,6 +38,11 @@ class TorchLayerOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def gelu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gelu(gate) * up (tanh approximation: GeGLU) for rows [gate | up]."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
     def fused_decode(self, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor) -> Optional[Any]:
         """The layers as one call each for pure-decode steps (runtime/models/fused_decode.py), where
         this form has one for them."""

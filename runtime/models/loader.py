@@ -88,4 +88,18 @@ def _load_hf_dir(path: Path, name: str, with_weights: bool = True) -> ModelFiles
             weights.update(load_file(str(f)))
         except Exception as e:  # safetensors raises its own error types
             raise ModelLoadError(f"cannot read {f.name}: {e}") from None
-    return ModelFiles(name, config, weights, Tokenizer.from_hf_dir(path))
+    return ModelFiles(name, config, _dequantized_mxfp4(weights), Tokenizer.from_hf_dir(path))
+
+
+def _dequantized_mxfp4(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """gpt-oss's MXFP4 expert tensors (`<name>_blocks` [experts, out, G, 16] + `<name>_scales`)
+    dequantised per block into the dense layout its checkpoints otherwise hold: [experts, in, out]."""
+    from radixserve.runtime.models.quant import mxfp4_dequantize
+
+    for name in [k for k in weights if k.endswith("_blocks")]:
+        base = name[: -len("_blocks")]
+        if base + "_scales" not in weights:
+            raise ModelLoadError(f"{name} has no {base}_scales beside it")
+        dense = mxfp4_dequantize(weights.pop(name), weights.pop(base + "_scales"))
+        weights[base] = dense.transpose(1, 2).contiguous()
+    return weights

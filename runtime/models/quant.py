@@ -71,3 +71,18 @@ class BlockTensor:
 
 def is_block_kind(name: str) -> bool:
     return name in KINDS
+
+
+# OCP MXFP4 (gpt-oss's expert weights): e2m1 values, two a byte (low nibble first), in blocks of 32
+# sharing one e8m0 exponent (bias 127)
+FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def mxfp4_dequantize(blocks, scales):
+    """blocks uint8 [..., G, 16] and scales uint8 [..., G] -> float32 [..., G * 32], exactly."""
+    import torch
+
+    lut = torch.tensor(FP4_E2M1, dtype=torch.float32)
+    blocks = blocks.to(torch.uint8)
+    values = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], dim=-1).flatten(-2)
+    return torch.ldexp(values, (scales.to(torch.int32) - 127).unsqueeze(-1)).flatten(-2)

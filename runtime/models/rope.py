@@ -1,4 +1,4 @@
-"""Rotary position embedding tables (default, linear, llama3 and LongRoPE scaling)."""
+"""Rotary position embedding tables (default, linear, llama3, LongRoPE and YaRN scaling)."""
 from __future__ import annotations
 
 import math
@@ -28,7 +28,34 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: Optional[dict[str,
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(medium, smoothed, scaled)
-    raise UnsupportedModelError(f"unsupported rope scaling {kind!r} (supported: linear, llama3, longrope)")
+    raise UnsupportedModelError(f"unsupported rope scaling {kind!r} (supported: linear, llama3, longrope, yarn)")
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
+def _yarn(head_dim: int, theta: float, scaling: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    """YaRN (gpt-oss): frequencies that turn more than `beta_fast` times over the original length
+    keep their speed, those under `beta_slow` are divided by the factor, a linear ramp between;
+    cos/sin scaled by an attention factor."""
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        mscale, all_dims = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, all_dims) if mscale and all_dims
+                     else _yarn_mscale(factor))
+
+    def dim_of(turns: float) -> float:   # the dimension whose frequency turns this often over `original`
+        return head_dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(scaling.get("beta_fast") or 32), dim_of(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low if high != low else 0.001)).clamp(0, 1)
+    base = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    return (1.0 / (factor * base)) * ramp + (1.0 / base) * (1 - ramp), attention
 
 
 def _longrope(head_dim: int, theta: float, scaling: dict[str, Any], positions: torch.Tensor
@@ -55,8 +82,12 @@ def cos_sin_table(head_dim: int, theta: float, scaling, max_len: int, dtype: tor
     then sin), computed in float64 then cast once."""
     positions = torch.arange(max_len, dtype=torch.float64)
     scale = 1.0
-    if scaling and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    if kind in ("longrope", "su"):
         angles, scale = _longrope(head_dim, theta, scaling, positions)
+    elif kind == "yarn":
+        inv_freq, scale = _yarn(head_dim, theta, scaling)
+        angles = torch.outer(positions, inv_freq)
     else:
         angles = torch.outer(positions, inverse_frequencies(head_dim, theta, scaling))
     cos, sin = angles.cos() * scale, angles.sin() * scale
