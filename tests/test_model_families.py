@@ -34,3 +34,14 @@ def test_batch_with_shared_prefix_and_chunked_prefill_equals_transformers_greedy
     greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     engine.generate(PROMPTS[0], greedy)   # the shared prefix is cached before the batch comes
     assert [r.token_ids for r in engine.generate(PROMPTS, greedy)] == expected
+
+
+@pytest.mark.parametrize("arch", ["phi4_mini", "mixtral", "gemma3", "gpt_oss"])
+def test_each_family_serves_in_bfloat16(arch, make_engine, tmp_path, default_tokenizer):
+    """The CPU's default dtype for a Hugging Face model where the CPU has bf16: every layer's output
+    meets the fused norm kernels in the dtype they take."""
+    build_tiny_model(arch, tmp_path / arch, default_tokenizer)
+    engine = make_engine(load_model_files(str(tmp_path / arch)), dtype="bfloat16", kv_cache_tokens=1024)
+    greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    [out] = engine.generate([PROMPTS[0]], greedy)
+    assert len(out.token_ids) == NEW_TOKENS and out.finish_reason == "length"

@@ -97,14 +97,14 @@ class DecoderLayer:
         o = attn.forward(self.index, q, qk[:, self.heads:], v, batch, window=self.window, sinks=self.sinks)
         o = self.o(o.reshape(t, self.q_size))
         if self.attn_out_norm is not None:
-            o = F.rms_norm(o.float(), (o.shape[-1],), self.attn_out_norm, self.eps)
+            o = F.rms_norm(o.float(), (o.shape[-1],), self.attn_out_norm, self.eps).to(self.dtype)
         x, h = ops.add_rms_norm(x, o, self.post_attn_norm, self.eps, self.dtype)
         if self.moe is not None:
             return x, self.moe(h)
         gate_up = self.gate_up(h)
         y = self.down(ops.silu_mul(gate_up) if self.act == "silu" else ops.gelu_mul(gate_up))
         if self.mlp_out_norm is not None:
-            y = F.rms_norm(y.float(), (y.shape[-1],), self.mlp_out_norm, self.eps)
+            y = F.rms_norm(y.float(), (y.shape[-1],), self.mlp_out_norm, self.eps).to(self.dtype)
         return x, y
 
 

@@ -48,7 +48,7 @@ class SparseMoE:
         return weights, ids
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        """h: [T, hidden] normed activations -> [T, hidden] float32."""
+        """h: [T, hidden] normed activations -> [T, hidden] in h's dtype (summed in float32)."""
         weights, ids = self.route(h)
         out = torch.zeros(h.shape[0], h.shape[1], dtype=torch.float32, device=h.device)
         hit = torch.zeros(len(self.experts), dtype=torch.bool, device=ids.device)
@@ -58,4 +58,4 @@ class SparseMoE:
             gate_up, down = self.experts[e]
             y = down(self.act(gate_up(h.index_select(0, tokens)))).float()
             out.index_add_(0, tokens, y * weights[tokens, slot].unsqueeze(1))
-        return out
+        return out.to(h.dtype)

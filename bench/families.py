@@ -1,0 +1,139 @@
+"""Decode speed of each model family (issue 34's figure), without a server: one request, greedy,
+its decode steps timed less the first (the prompt's last token).
+
+- every family's tiny random config (tests/tiny_models.py: hidden 64, two layers), where per-step
+  overhead is all there is to see;
+- a Qwen3-MoE-shaped model of ~1B total parameters (48 experts of 384, top 4, 16 layers, hidden
+  1024) beside the dense model of the same active size (one MLP of 4 x 384): a MoE step should
+  cost close to its active parameters, not its total. Rounds alternate between the two.
+
+Random weights written with transformers' own classes into a temporary directory; nothing is
+downloaded. Writes bench/results/families.json (or --out). Reports figures, never asserts.
+
+    .venv/bin/python bench/families.py [--rounds 3] [--steps 48] [--parts tiny,moe]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))   # after site-packages: the checkout's kernels/ must not shadow HF's `kernels`
+
+import torch  # noqa: E402
+
+from compare import machine  # noqa: E402  (bench/, beside this script)
+from radixserve.runtime.config import EngineConfig  # noqa: E402
+from radixserve.runtime.engine import Engine  # noqa: E402
+from radixserve.runtime.models.loader import load_model_files  # noqa: E402
+from radixserve.runtime.sampling_params import SamplingParams  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "families.json"
+TINY = ["llama", "qwen3", "phi4_mini", "mixtral", "qwen3_moe", "gemma3", "gpt_oss"]
+PROMPT = [5, 17, 923, 4000, 12, 88, 3021, 7, 7, 101, 4522, 39] * 8
+
+
+def moe_pair() -> dict:
+    """~1B total Qwen3-MoE and its dense twin of the same active size."""
+    import transformers as tf
+
+    common = dict(vocab_size=49152, hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
+                  num_key_value_heads=4, head_dim=64, max_position_embeddings=4096, tie_word_embeddings=False)
+    return {"qwen3_moe_1b": tf.Qwen3MoeConfig(**common, num_experts=48, num_experts_per_tok=4,
+                                              moe_intermediate_size=384, intermediate_size=1536),
+            "dense_same_active": tf.Qwen3Config(**common, intermediate_size=4 * 384)}
+
+
+def write_model(cfg, directory: Path, tokenizer) -> int:
+    """A random model of `cfg` saved as transformers saves it; returns its parameter count."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save(directory)
+    return sum(p.numel() for p in model.parameters())
+
+
+def active_params(cfg) -> int:
+    """Parameters a token reads: all but the unchosen experts (and the embedding table's other rows)."""
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    heads, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    attention = h * heads * d * 2 + h * kv * d * 2
+    experts = getattr(cfg, "num_experts", 0)
+    mlp = (3 * h * cfg.moe_intermediate_size * cfg.num_experts_per_tok + h * experts) if experts else 3 * h * cfg.intermediate_size
+    return layers * (attention + mlp) + cfg.vocab_size * h
+
+
+def tpot_ms(engine: Engine, steps: int) -> float:
+    engine.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0.0))   # warm, and cache the prompt
+    start = time.perf_counter()
+    engine.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0.0))
+    first = time.perf_counter() - start
+    before, start = engine.steps, time.perf_counter()
+    engine.generate([PROMPT], SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True))
+    ms = (time.perf_counter() - start - first) / (engine.steps - before - 1) * 1e3
+    engine.flush_cache()
+    return ms
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--parts", default="tiny,moe")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    parts = set(args.parts.split(","))
+    tokenizer = load_model_files(None, weights=False).tokenizer
+    report: dict = {"command": "bench/families.py " + " ".join(sys.argv[1:]), "machine": machine(),
+                    "threads": torch.get_num_threads(), "tiny": {}, "moe": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "tiny" in parts:
+            from tests.tiny_models import build_tiny_model
+
+            for arch in TINY:
+                build_tiny_model(arch, Path(tmp) / arch, tokenizer)
+                engine = Engine(EngineConfig(kv_cache_tokens=4096), model_files=load_model_files(str(Path(tmp) / arch)))
+                ms = [tpot_ms(engine, args.steps) for _ in range(args.rounds)]
+                engine.shutdown()
+                report["tiny"][arch] = {"tpot_ms": spread(ms), "tok_per_s": round(1e3 / statistics.median(ms), 1)}
+                print(arch, report["tiny"][arch], flush=True)
+        if "moe" in parts:
+            engines, sizes = {}, {}
+            for name, cfg in moe_pair().items():
+                total = write_model(cfg, Path(tmp) / name, tokenizer)
+                sizes[name] = {"total_params_m": round(total / 1e6), "active_params_m": round(active_params(cfg) / 1e6)}
+                engines[name] = Engine(EngineConfig(kv_cache_tokens=8192), model_files=load_model_files(str(Path(tmp) / name)))
+            ms: dict[str, list[float]] = {name: [] for name in engines}
+            for r in range(args.rounds):
+                for name in (list(engines) if r % 2 == 0 else list(reversed(engines))):
+                    ms[name].append(tpot_ms(engines[name], args.steps))
+                    print(name, r, round(ms[name][-1], 2), flush=True)
+            for name, engine in engines.items():
+                report["moe"][name] = {**sizes[name], "dtype": str(engine.dtype), "tpot_ms": spread(ms[name]),
+                                       "tok_per_s": round(1e3 / statistics.median(ms[name]), 1)}
+                engine.shutdown()
+            moe, dense = (statistics.median(ms[n]) for n in engines)
+            report["moe"]["moe_over_dense_tpot"] = round(moe / dense, 2)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
