@@ -10,7 +10,7 @@ from starlette.requests import Request
 
 from radixserve.api.errors import APIError, engine_stopped, loading
 from radixserve.api.openai.logprobs import TokenTexts
-from radixserve.api.openai.tool_formats import FORMATS, tool_format
+from radixserve.api.openai.tool_formats import FORMATS, special_markers, tool_format
 from radixserve.api.responses.store import DEFAULT_RESPONSE_STORE_SIZE, ResponseStore
 from radixserve.api.shell.lifecycle import DEFAULT_WATCHDOG_TIMEOUT, Lifecycle
 from radixserve.api.shell.metrics import ServerMetrics
@@ -29,6 +29,7 @@ class ServerState:
         self.show_prefix_text = show_prefix_text  # /v1/cache may show cached prompt text
         self.tool_call_format_name = tool_call_format  # None / auto: the chat template's (tool_formats.py)
         self.tool_format = FORMATS["hermes"]
+        self.tool_markers_special = False
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine)
         self.token_texts: Optional[TokenTexts] = None
@@ -41,6 +42,8 @@ class ServerState:
         """The model is loaded: start answering."""
         self.token_texts = TokenTexts(engine.tokenizer)
         self.tool_format = tool_format(self.tool_call_format_name, engine.tokenizer.chat_template)
+        # the parser needs the markup's special tokens in the text it reads
+        self.tool_markers_special = special_markers(self.tool_format, engine.tokenizer)
         self.engine = engine
 
     @property

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from radixserve.api.openai.protocol import ToolDefinition
 from radixserve.api.openai.tool_formats import FORMATS, LLAMA_PYTHON_TAG, detect_tool_format, tool_format
-from radixserve.api.openai.tools import CallDone, MarkupToolCallParser, TextDelta
+from radixserve.api.openai.tools import ArgumentsDelta, CallDone, ReasoningDelta, TextDelta, ToolPlan
+from radixserve.api.responses.output import OutputBuilder
 from .test_api_tools import ASK, SCHEMAS, TOOLS
 
 CALLS = [("get_weather", {"city": "Pa}ris", "unit": "celsius"}), ("get_time", {"timezone": "CET"})]
@@ -26,6 +27,10 @@ REPLIES = {
                 ' {"name": "get_time", "arguments": {"timezone": "CET"}}]'),
     "phi4_mini": ('Let me check. functools[{"name": "get_weather", "arguments": {"city": "Pa}ris", "unit": "celsius"}}, '
                   '{"name": "get_time", "arguments": {"timezone": "CET"}}]'),
+    "harmony": ('<|channel|>analysis<|message|>They want weather and time.<|end|><|start|>assistant<|channel|>commentary'
+                '<|message|>Let me check.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather '
+                '<|constrain|>json<|message|>{"city": "Pa}ris", "unit": "celsius"}<|call|><|start|>assistant to=functions.'
+                'get_time<|channel|>commentary json<|message|>{"timezone": "CET"}<|call|>'),
 }
 # what each family's chat template writes (fragments of the real templates' markup)
 TEMPLATES = {
@@ -33,12 +38,18 @@ TEMPLATES = {
     "llama3_json": "<|start_header_id|>ipython<|end_header_id|> {%- if tools is not none %}{{ t | tojson }}{%- endif %}",
     "mistral": "{%- if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{%- endif %}[TOOL_CALLS]",
     "phi4_mini": "{% if message['tools'] %}<|tool|>{{ message['tools'] }}<|/tool|>{% endif %}",
+    "harmony": "<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>",
 }
 
 
+def events_of(fmt: str, pieces: list[str]) -> list:
+    plan = ToolPlan("auto", [ToolDefinition.model_validate(t) for t in TOOLS], format=FORMATS[fmt])
+    parser = plan.new_parser()
+    return [e for p in pieces for e in parser.feed(p)] + parser.finish()
+
+
 def parse(fmt: str, pieces: list[str]) -> tuple[str, list[tuple[str, dict]]]:
-    parser = MarkupToolCallParser(set(SCHEMAS), FORMATS[fmt])
-    events = [e for p in pieces for e in parser.feed(p)] + parser.finish()
+    events = events_of(fmt, pieces)
     content = "".join(e.text for e in events if isinstance(e, TextDelta))
     return content, [(e.call.name, json.loads(e.call.arguments)) for e in events if isinstance(e, CallDone)]
 
@@ -66,7 +77,7 @@ def test_the_grammar_spells_a_call_as_the_next_turn_renders_it(fmt):
     conversation's prompt starts with the generated text."""
     f = FORMATS[fmt]
     tools = [ToolDefinition.model_validate(t) for t in TOOLS]
-    [tag] = [t for t in f.structural_tag(tools, single=True)["tags"] if t["begin"].find('"get_time"') >= 0]
+    [tag] = [t for t in f.structural_tag(tools, single=True)["tags"] if "get_time" in t["begin"]]
     args = {"timezone": "CET"}
     assert tag["begin"] + json.dumps(args) + tag["end"] == f.render_calls([("get_time", args)])
     assert tag["begin"].startswith(f.trigger)
@@ -124,3 +135,65 @@ def test_auto_streams_the_same_events_as_the_whole_reply_in_every_format(api, se
     assert names == [c.function.name for c in whole.message.tool_calls or []]
     assert served_format.trigger not in content
 
+
+
+# ---- harmony (gpt-oss) -------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=40))
+def test_harmony_analysis_is_reasoning_never_content(cuts):
+    text = ('<|channel|>analysis<|message|>The user greets; answer <politely>.<|end|><|start|>assistant'
+            '<|channel|>final<|message|>Hello there!<|return|>')
+    events = events_of("harmony", chunked(text, cuts))
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "The user greets; answer <politely>."
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Hello there!"
+
+
+def test_harmony_call_arguments_stream_as_generated():
+    text = REPLIES["harmony"]
+    events = events_of("harmony", list(text))
+    for done in [e for e in events if isinstance(e, CallDone)]:
+        pieces = [e.text for e in events if isinstance(e, ArgumentsDelta) and e.index == done.index]
+        assert len(pieces) > 1 and "".join(pieces) == done.call.arguments
+
+
+def test_a_reply_without_harmony_markup_is_plain_content():
+    assert parse("harmony", list("Just text, <b>no</b> channels.")) == ("Just text, <b>no</b> channels.", [])
+
+
+def test_a_harmony_message_to_an_unknown_recipient_is_dropped():
+    text = '<|channel|>commentary to=browser.search <|constrain|>json<|message|>{"q": "x"}<|call|>'
+    assert events_of("harmony", [text]) == []
+
+
+def test_a_cut_off_harmony_call_is_not_a_call():
+    text = '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"timez'
+    assert parse("harmony", [text]) == ("", [])
+
+
+HARMONY_REPLY = r"<\|channel\|>analysis<\|message\|>[a-z ]{3,30}<\|end\|><\|start\|>assistant<\|channel\|>final<\|message\|>[A-Z][a-z ]{3,30}"
+
+
+def test_harmony_reasoning_reaches_chat_as_reasoning_content_whole_and_streamed(api):
+    api.state.tool_format, before = FORMATS["harmony"], api.state.tool_format
+    try:
+        kw = dict(model=api.model, messages=ASK, max_tokens=80, temperature=0, extra_body={"guided_regex": HARMONY_REPLY})
+        api.client().chat.completions.create(**{**kw, "max_tokens": 1})   # both on a warm cache (README)
+        whole = api.client().chat.completions.create(**kw).choices[0].message
+        chunks = [c for c in api.client().chat.completions.create(stream=True, **kw) if c.choices]
+    finally:
+        api.state.tool_format = before
+    reasoning = whole.model_extra["reasoning_content"]
+    assert reasoning and "<|" not in reasoning and whole.content and "<|" not in whole.content
+    streamed = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks)
+    assert streamed == reasoning
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.content
+
+
+def test_harmony_reasoning_becomes_a_responses_reasoning_item_before_the_calls():
+    builder = OutputBuilder()
+    stream = [e for event in events_of("harmony", list(REPLIES["harmony"])) for e in builder.feed(event)]
+    stream += builder.finish("completed")
+    assert [item["type"] for item in builder.items] == ["reasoning", "message", "function_call", "function_call"]
+    assert builder.items[0]["content"] == [{"type": "reasoning_text", "text": "They want weather and time."}]
+    deltas = "".join(e["delta"] for e in stream if e["type"] == "response.reasoning_text.delta")
+    assert deltas == "They want weather and time." and builder.output_text == "Let me check."

@@ -10,8 +10,10 @@ def chat_completion(rid: str, created: int, model: str, choices: list[dict], usa
 
 
 def chat_choice(index: int, content: Optional[str], tool_calls: list[dict], finish_reason: str,
-                logprobs: Optional[dict]) -> dict[str, Any]:
+                logprobs: Optional[dict], reasoning: Optional[str] = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if reasoning:   # vLLM's field for a reasoning model's thinking, never part of content
+        message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}

@@ -21,8 +21,8 @@ from radixserve.api.openai.protocol import ChatCompletionRequest, ChatMessage
 from radixserve.api.openai.sampling import choice_seed, sampling_params
 from radixserve.api.state import ServerState
 from radixserve.api.streaming import until_disconnected
-from radixserve.api.openai.tools import (ArgumentsDelta, CallDone, CallStarted, ParserEvent, TextDelta, ToolCallParser,
-                                  ToolPlan, plan_tools)
+from radixserve.api.openai.tools import (ArgumentsDelta, CallDone, CallStarted, ParserEvent, ReasoningDelta, TextDelta,
+                                         ToolCallParser, ToolPlan, plan_tools)
 from radixserve.grammar.spec import GrammarSpec
 from radixserve.runtime.admission import Admission
 
@@ -54,10 +54,11 @@ async def create_chat_completion(req: ChatCompletionRequest, http: Request, stat
     http.state.fields = RequestFields(renames, constraint_field)
     max_tokens = engine.admission.max_tokens(len(prompt_ids), req.requested_max_tokens)
     top_k = req.top_logprobs or 0
+    keep_markup = plan.reads_markup and state.tool_markers_special
     gen = Generation(engine, state.metrics, rid)
     for i in range(req.n):
         await gen.submit(prompt_ids, sampling_params(req, max_tokens, top_k if req.logprobs else None, constraint,
-                                                     choice_seed(req.seed, i)))
+                                                     choice_seed(req.seed, i), keep_markup))
     parsers = {c.index: plan.new_parser() for c in gen.choices}
     reply = _ChatReply(req, state, gen, model, rid, parsers)
     return await gen.respond(http, reply, req.stream, constraint is not None)
@@ -141,14 +142,16 @@ class _ChatReply:
         for c in self.gen.choices:
             reason = self._finish_reason(c)
             c.timer.finish(reason)
+            reasoning = None
             if self.parsers[c.index] is None:
                 content, calls = "".join(c.text), []
             else:
                 content = "".join(e.text for e in events[c.index] if isinstance(e, TextDelta))
+                reasoning = "".join(e.text for e in events[c.index] if isinstance(e, ReasoningDelta))
                 calls = [e.call.to_message() for e in events[c.index] if isinstance(e, CallDone)]
                 content = content or (None if calls else "")
             logprobs = chat_logprobs(c.logprobs, self.state.token_texts, self.top_k) if self.req.logprobs else None
-            choices.append(bodies.chat_choice(c.index, content, calls, reason, logprobs))
+            choices.append(bodies.chat_choice(c.index, content, calls, reason, logprobs, reasoning))
         return bodies.chat_completion(self.rid, self.created, self.model, choices, self.gen.usage())
 
     # ---- streamed reply ------------------------------------------------------------------
@@ -162,6 +165,8 @@ class _ChatReply:
         delta with empty arguments, then the arguments piece by piece under the same index."""
         if isinstance(event, TextDelta):
             return {"content": event.text}
+        if isinstance(event, ReasoningDelta):
+            return {"reasoning_content": event.text}
         if isinstance(event, CallStarted):
             return {"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
                                     "function": {"name": event.name, "arguments": ""}}]}

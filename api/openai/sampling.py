@@ -9,8 +9,9 @@ from radixserve.runtime.sampling_params import SamplingParams
 
 
 def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: Optional[int],
-                    constraint: Optional[GrammarSpec], seed: Optional[int]) -> SamplingParams:
-    """One choice's SamplingParams (the caller derives a per-choice seed)."""
+                    constraint: Optional[GrammarSpec], seed: Optional[int], keep_special: bool = False) -> SamplingParams:
+    """One choice's SamplingParams (the caller derives a per-choice seed). `keep_special`: the
+    text keeps special tokens whatever the request says (a tool-call parser reads them)."""
     def given(value, default):
         return default if value is None else value
 
@@ -29,7 +30,7 @@ def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: Optional[
         stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
-        skip_special_tokens=req.skip_special_tokens,
+        skip_special_tokens=req.skip_special_tokens and not keep_special,
         constraint=constraint,
         priority=given(req.priority, 0),   # lower first, under --schedule-policy priority
         cache_salt=req.cache_salt,

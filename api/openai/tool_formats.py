@@ -24,6 +24,7 @@ class ToolFormat:
     array: bool                     # the block holds a JSON array of calls
     separator: str                  # between calls of one block, when not an array (Llama 3: ";")
     instruction: str                # for templates that do not render tools; {tools}: one JSON per line
+    markers: tuple[str, ...] = ()   # the markup's own tokens: decoded for the parser where they are special
 
     def call_object(self, name: str, arguments: Any) -> str:
         return json.dumps({"name": name, self.args_key: arguments}, ensure_ascii=False)
@@ -59,6 +60,29 @@ def _instruction(spelling: str) -> str:
             "Here are the available tools:\n{tools}\n" f"To call functions, answer with {spelling}")
 
 
+class HarmonyFormat(ToolFormat):
+    """gpt-oss: each call is a message on the commentary channel addressed to `functions.NAME`,
+    its body the arguments, ended by <|call|>; reasoning goes on the analysis channel
+    (api/openai/harmony.py reads both)."""
+
+    @staticmethod
+    def header(name: str) -> str:
+        return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+
+    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+        return "<|start|>assistant".join(f"{self.header(name)}{json.dumps(args, ensure_ascii=False)}<|call|>"
+                                         for name, args in calls)
+
+    def structural_tag(self, tools: list, single: bool) -> dict[str, Any]:
+        tags = [{"begin": self.header(t.function.name), "schema": t.function.parameters, "end": "<|call|>"}
+                for t in tools]
+        return {"tags": tags, "triggers": [self.trigger], "at_least_one": False, "stop_after_first": single}
+
+    @property
+    def trigger(self) -> str:
+        return "<|channel|>commentary to="
+
+
 FORMATS = {
     "hermes": ToolFormat(
         "hermes", "arguments", "<tool_call>\n", "\n</tool_call>", False, "",
@@ -67,30 +91,39 @@ FORMATS = {
         "about what values to plug into functions. Here are the available tools: <tools>\n{tools}\n</tools>\n"
         "For each function call return a json object with function name and arguments within "
         "<tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
-        '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'),
+        '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>', ("<tool_call>", "</tool_call>")),
     # Llama 3.x: a bare JSON object per call (3.1's <|python_tag|> before it is read too), ";" between
     "llama3_json": ToolFormat(
         "llama3_json", "parameters", "", "", False, ";",
         _instruction('a JSON object {{"name": <function-name>, "parameters": <args-json-object>}} per call, '
-                     'separated by ";", and nothing else.')),
+                     'separated by ";", and nothing else.'), ("<|python_tag|>",)),
     "mistral": ToolFormat(
         "mistral", "arguments", "[TOOL_CALLS]", "", True, "",
         _instruction('[TOOL_CALLS] followed by a JSON array of '
-                     '{{"name": <function-name>, "arguments": <args-json-object>}} objects.')),
+                     '{{"name": <function-name>, "arguments": <args-json-object>}} objects.'), ("[TOOL_CALLS]",)),
     # Phi-4-mini: functools[...]
     "phi4_mini": ToolFormat(
         "phi4_mini", "arguments", "functools", "", True, "",
         _instruction('functools followed by a JSON array of '
                      '{{"name": <function-name>, "arguments": <args-json-object>}} objects.')),
+    "harmony": HarmonyFormat(
+        "harmony", "arguments", "", "", False, "",
+        _instruction('<|channel|>commentary to=functions.<function-name> <|constrain|>json<|message|>'
+                     '<args-json-object><|call|> per call. Think on <|channel|>analysis<|message|>...<|end|> '
+                     'first if you need to, and answer on <|channel|>final<|message|>.'),
+        ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")),
 }
 # a marker some templates put before a Llama 3 call; read as the call's start, never as content
 LLAMA_PYTHON_TAG = "<|python_tag|>"
+
 
 
 def detect_tool_format(chat_template: Optional[str]) -> ToolFormat:
     """The format a model was trained on, from the markup its chat template writes; Hermes (what
     Qwen and most fine-tunes use, and what we prompt templates without tools with) otherwise."""
     t = chat_template or ""
+    if "<|channel|>" in t:
+        return FORMATS["harmony"]
     if "[TOOL_CALLS]" in t or "[AVAILABLE_TOOLS]" in t:
         return FORMATS["mistral"]
     if "<tool_call>" in t:
@@ -109,3 +142,10 @@ def tool_format(name: Optional[str], chat_template: Optional[str]) -> ToolFormat
     if name not in FORMATS:
         raise ValueError(f"unknown tool-call format {name!r} (known: auto, {', '.join(FORMATS)})")
     return FORMATS[name]
+
+
+def special_markers(fmt: ToolFormat, tokenizer) -> bool:
+    """Whether some of `fmt`'s markup is special tokens of `tokenizer` (Mistral's [TOOL_CALLS],
+    harmony's channels): text decoded with special tokens skipped would lose it."""
+    ids = [tokenizer.tok.token_to_id(m) for m in fmt.markers]
+    return any(i is not None and i in tokenizer.special_ids for i in ids)

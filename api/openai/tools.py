@@ -55,6 +55,12 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ReasoningDelta:
+    """Reasoning text (gpt-oss's analysis channel): never content."""
+    text: str
+
+
+@dataclass(frozen=True)
 class CallStarted:
     """A call's name is known: its id, type and name go out before any arguments."""
     index: int
@@ -76,7 +82,7 @@ class CallDone:
     call: ToolCall
 
 
-ParserEvent = Union[TextDelta, CallStarted, ArgumentsDelta, CallDone]
+ParserEvent = Union[TextDelta, ReasoningDelta, CallStarted, ArgumentsDelta, CallDone]
 
 
 @dataclass
@@ -92,8 +98,16 @@ class ToolPlan:
     def template_tools(self) -> Optional[list[dict[str, Any]]]:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.mode != "none" else None
 
+    @property
+    def reads_markup(self) -> bool:
+        """Whether this plan's parser reads the format's markup (the decoded text must keep it)."""
+        return self.mode == "auto" or (self.format.name == "harmony" and self.mode != "required")
+
     def new_parser(self) -> Optional["ToolCallParser"]:
         names = {t.function.name for t in self.tools}
+        if self.format.name == "harmony" and self.mode != "required":
+            from radixserve.api.openai.harmony import HarmonyParser
+            return HarmonyParser(names if self.mode == "auto" else set())   # reasoning, tools or not
         if self.mode == "auto":
             return MarkupToolCallParser(names, self.format)
         if self.mode == "required":

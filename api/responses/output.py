@@ -4,7 +4,8 @@ stream events that build them, in OpenAI's documented order:
     response.output_item.added, response.content_part.added, response.output_text.delta ...,
     response.output_text.done, response.content_part.done, response.output_item.done
     (a function_call item: output_item.added, function_call_arguments.delta ...,
-    function_call_arguments.done, output_item.done)
+    function_call_arguments.done, output_item.done; a reasoning item: output_item.added,
+    reasoning_text.delta ..., reasoning_text.done, output_item.done)
 
 Whole and streamed replies run the same builder, so they cannot disagree; a whole reply simply
 drops the events. Sequence numbers are the emitter's business (api/responses/routes.py).
@@ -14,7 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional
 
-from radixserve.api.openai.tools import ArgumentsDelta, CallDone, CallStarted, ParserEvent, TextDelta
+from radixserve.api.openai.tools import ArgumentsDelta, CallDone, CallStarted, ParserEvent, ReasoningDelta, TextDelta
 
 Event = dict[str, Any]
 
@@ -29,18 +30,21 @@ def _text_part(text: str) -> dict[str, Any]:
 
 class OutputBuilder:
     """Output items in the order the model produced them: a message item per run of text, a
-    function_call item per call."""
+    reasoning item per run of reasoning, a function_call item per call."""
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
         self._message: Optional[dict[str, Any]] = None     # the message item still open
         self._text: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}          # parser call index -> its open item
+        self._reasoning: Optional[dict[str, Any]] = None   # the reasoning item still open
 
     # ---- events in ----------------------------------------------------------------------------
     def feed(self, event: ParserEvent) -> list[Event]:
         if isinstance(event, TextDelta):
             return self._text_delta(event.text) if event.text else []
+        if isinstance(event, ReasoningDelta):
+            return self._reasoning_delta(event.text) if event.text else []
         if isinstance(event, CallStarted):
             return self._call_started(event)
         if isinstance(event, ArgumentsDelta):
@@ -52,7 +56,7 @@ class OutputBuilder:
     def finish(self, status: str) -> list[Event]:
         """Close what is open (`status` is the response's: completed or incomplete). A reply with
         no output at all still gets an empty message, as OpenAI's does."""
-        events = self._close_message(status)
+        events = self._close_reasoning(status) + self._close_message(status)
         for index in list(self._calls):  # cut off before the arguments closed
             events += self._close_call(index, status)
         if not self.items:
@@ -81,7 +85,8 @@ class OutputBuilder:
                 {"type": "response.content_part.added", **where, "content_index": 0, "part": _text_part("")}]
 
     def _text_delta(self, text: str) -> list[Event]:
-        events = [] if self._message is not None else self._open_message()
+        events = self._close_reasoning("completed")
+        events += [] if self._message is not None else self._open_message()
         self._text.append(text)
         return events + [{"type": "response.output_text.delta", **self._where(self._message), "content_index": 0,
                           "delta": text, "logprobs": []}]
@@ -98,9 +103,33 @@ class OutputBuilder:
                 {"type": "response.content_part.done", **where, "content_index": 0, "part": _text_part(text)},
                 {"type": "response.output_item.done", "output_index": where["output_index"], "item": _copy(message)}]
 
+    # ---- reasoning items ------------------------------------------------------------------------
+    def _reasoning_delta(self, text: str) -> list[Event]:
+        events = self._close_message("completed")
+        if self._reasoning is None:
+            self._reasoning = {"id": new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
+                               "content": [{"type": "reasoning_text", "text": ""}]}
+            self.items.append(self._reasoning)
+            events.append({"type": "response.output_item.added", "output_index": len(self.items) - 1,
+                           "item": _copy(self._reasoning)})
+        self._reasoning["content"][0]["text"] += text
+        return events + [{"type": "response.reasoning_text.delta", **self._where(self._reasoning), "content_index": 0,
+                          "delta": text}]
+
+    def _close_reasoning(self, status: str) -> list[Event]:
+        if self._reasoning is None:
+            return []
+        item, self._reasoning = self._reasoning, None
+        item["status"] = status
+        where = self._where(item)
+        return [{"type": "response.reasoning_text.done", **where, "content_index": 0,
+                 "text": item["content"][0]["text"]},
+                {"type": "response.output_item.done", "output_index": where["output_index"], "item": _copy(item)}]
+
     # ---- function_call items ------------------------------------------------------------------
     def _call_started(self, event: CallStarted) -> list[Event]:
-        events = self._close_message("completed")  # text before a call is a finished message
+        # text or reasoning before a call is finished
+        events = self._close_reasoning("completed") + self._close_message("completed")
         item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": event.id,
                 "name": event.name, "arguments": ""}
         self._calls[event.index] = item

@@ -60,7 +60,8 @@ async def create_response(req: ResponsesRequest, http: Request, state: ServerSta
     http.state.fields = RequestFields(RENAMES, RENAMES.get(constraint_field, constraint_field))
     max_tokens = engine.admission.max_tokens(len(ids), req.max_output_tokens)
     gen = Generation(engine, state.metrics, rid)
-    await gen.submit(ids, sampling_params(turn.chat, max_tokens, None, constraint, req.seed))
+    await gen.submit(ids, sampling_params(turn.chat, max_tokens, None, constraint, req.seed,
+                                          plan.reads_markup and state.tool_markers_special))
     reply = _ResponseReply(req, turn, state, gen, model, rid, plan.new_parser(), prompt_text, ids)
     try:
         if constraint is not None:
