@@ -5,12 +5,14 @@ its decode steps timed less the first (the prompt's last token).
   overhead is all there is to see;
 - a Qwen3-MoE-shaped model of ~1B total parameters (48 experts of 384, top 4, 16 layers, hidden
   1024) beside the dense model of the same active size (one MLP of 4 x 384): a MoE step should
-  cost close to its active parameters, not its total. Rounds alternate between the two.
+  cost close to its active parameters, not its total. Rounds alternate between the two. `moe`
+  serves them as bf16 safetensors; `moe-gguf` as Q8_0 GGUFs in llama.cpp's layout, whose
+  experts run on the block kernels.
 
 Random weights written with transformers' own classes into a temporary directory; nothing is
 downloaded. Writes bench/results/families.json (or --out). Reports figures, never asserts.
 
-    .venv/bin/python bench/families.py [--rounds 3] [--steps 48] [--parts tiny,moe]
+    .venv/bin/python bench/families.py [--rounds 3] [--steps 48] [--parts tiny,moe,moe-gguf]
 """
 from __future__ import annotations
 
@@ -51,18 +53,24 @@ def moe_pair() -> dict:
             "dense_same_active": tf.Qwen3Config(**common, intermediate_size=4 * 384)}
 
 
-def write_model(cfg, directory: Path, tokenizer) -> int:
-    """A random model of `cfg` saved as transformers saves it; returns its parameter count."""
+def write_model(cfg, directory: Path, tokenizer, gguf: bool = False) -> tuple[Path, int]:
+    """A random model of `cfg` saved as transformers saves it, or as a Q8_0 GGUF; its path and
+    parameter count."""
     import transformers as tf
 
     torch.manual_seed(0)
-    model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32 if gguf else torch.bfloat16)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0)
+    count = sum(p.numel() for p in model.parameters())
+    if gguf:
+        from tests.gguf_export import write_llama_gguf
+
+        return write_llama_gguf(model, directory.with_suffix(".gguf"), None, quant="Q8_0"), count
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save(directory)
-    return sum(p.numel() for p in model.parameters())
+    return directory, count
 
 
 def active_params(cfg) -> int:
@@ -101,7 +109,7 @@ def main() -> None:
     parts = set(args.parts.split(","))
     tokenizer = load_model_files(None, weights=False).tokenizer
     report: dict = {"command": "bench/families.py " + " ".join(sys.argv[1:]), "machine": machine(),
-                    "threads": torch.get_num_threads(), "tiny": {}, "moe": {}}
+                    "threads": torch.get_num_threads(), "tiny": {}}
     with tempfile.TemporaryDirectory() as tmp:
         if "tiny" in parts:
             from tests.tiny_models import build_tiny_model
@@ -113,23 +121,28 @@ def main() -> None:
                 engine.shutdown()
                 report["tiny"][arch] = {"tpot_ms": spread(ms), "tok_per_s": round(1e3 / statistics.median(ms), 1)}
                 print(arch, report["tiny"][arch], flush=True)
-        if "moe" in parts:
+        for part in ("moe", "moe-gguf"):
+            if part not in parts:
+                continue
             engines, sizes = {}, {}
             for name, cfg in moe_pair().items():
-                total = write_model(cfg, Path(tmp) / name, tokenizer)
-                sizes[name] = {"total_params_m": round(total / 1e6), "active_params_m": round(active_params(cfg) / 1e6)}
-                engines[name] = Engine(EngineConfig(kv_cache_tokens=8192), model_files=load_model_files(str(Path(tmp) / name)))
+                path, total = write_model(cfg, Path(tmp) / name, tokenizer, gguf=part == "moe-gguf")
+                sizes[name] = {"total_params_m": round(total / 1e6), "active_params_m": round(active_params(cfg) / 1e6),
+                               "file_mb": round(sum(f.stat().st_size for f in ([path] if path.is_file() else path.iterdir())) / 2**20)}
+                engines[name] = Engine(EngineConfig(kv_cache_tokens=8192), model_files=load_model_files(str(path)))
             ms: dict[str, list[float]] = {name: [] for name in engines}
             for r in range(args.rounds):
                 for name in (list(engines) if r % 2 == 0 else list(reversed(engines))):
                     ms[name].append(tpot_ms(engines[name], args.steps))
                     print(name, r, round(ms[name][-1], 2), flush=True)
+            key = part.replace("-", "_")
+            report[key] = {}
             for name, engine in engines.items():
-                report["moe"][name] = {**sizes[name], "dtype": str(engine.dtype), "tpot_ms": spread(ms[name]),
-                                       "tok_per_s": round(1e3 / statistics.median(ms[name]), 1)}
+                report[key][name] = {**sizes[name], "dtype": str(engine.dtype), "tpot_ms": spread(ms[name]),
+                                     "tok_per_s": round(1e3 / statistics.median(ms[name]), 1)}
                 engine.shutdown()
             moe, dense = (statistics.median(ms[n]) for n in engines)
-            report["moe"]["moe_over_dense_tpot"] = round(moe / dense, 2)
+            report[key]["moe_over_dense_tpot"] = round(moe / dense, 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))

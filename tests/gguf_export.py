@@ -1,4 +1,5 @@
-"""Write a float32 GGUF of a tiny HF Llama in llama.cpp's layout, with the default model's tokenizer."""
+"""Write a GGUF of an HF Llama, Qwen3 or Qwen3-MoE in llama.cpp's layout, with the default model's
+tokenizer: float32, or with every matrix but the embeddings and the router in a block type."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,14 +12,24 @@ def permute_for_gguf(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama_gguf(hf_model, path: Path, default_files) -> Path:
+def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = None) -> Path:
     import gguf
+    from gguf.quants import quantize
 
     from radixserve.runtime.models.gguf_file import read_gguf
     from radixserve.runtime.models.loader import default_model_path
 
     cfg = hf_model.config
-    w = gguf.GGUFWriter(str(path), "llama")
+    moe = cfg.model_type == "qwen3_moe"
+    arch = {"qwen3_moe": "qwen3moe", "qwen3": "qwen3"}.get(cfg.model_type, "llama")
+    w = gguf.GGUFWriter(str(path), arch)
+    if moe:
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if arch != "llama":
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -37,8 +48,26 @@ def write_llama_gguf(hf_model, path: Path, default_files) -> Path:
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"}
-    for name, t in hf_model.state_dict().items():
+             "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "mlp.gate": "ffn_gate_inp"}
+    qtype = getattr(gguf.GGMLQuantizationType, quant) if quant else None
+
+    def add(out: str, a: np.ndarray) -> None:
+        if qtype is None or a.ndim < 2 or out.startswith("token_embd") or "ffn_gate_inp" in out or "norm" in out:
+            w.add_tensor(out, np.ascontiguousarray(a))
+        else:
+            w.add_tensor(out, quantize(np.ascontiguousarray(a), qtype), raw_dtype=qtype)
+
+    state = hf_model.state_dict()
+    if moe:   # each layer's experts stacked: [experts, rows, cols], as llama.cpp writes them
+        for layer in range(cfg.num_hidden_layers):
+            p = f"model.layers.{layer}.mlp.experts."
+            # transformers holds them fused: [experts, gate rows | up rows, hidden]
+            gate, up = np.split(state.pop(p + "gate_up_proj").float().numpy(), 2, axis=1)
+            add(f"blk.{layer}.ffn_gate_exps.weight", gate)
+            add(f"blk.{layer}.ffn_up_exps.weight", up)
+            add(f"blk.{layer}.ffn_down_exps.weight", state.pop(p + "down_proj").float().numpy())
+    for name, t in state.items():
         a = t.detach().float().numpy()
         if name == "model.embed_tokens.weight":
             out = "token_embd.weight"
@@ -52,11 +81,11 @@ def write_llama_gguf(hf_model, path: Path, default_files) -> Path:
             _, _, layer, *rest = name.split(".")
             module, kind = ".".join(rest[:-1]), rest[-1]
             out = f"blk.{layer}.{names[module]}.{kind}"
-            if module == "self_attn.q_proj":
+            if module == "self_attn.q_proj" and arch == "llama":
                 a = permute_for_gguf(a, cfg.num_attention_heads)
-            elif module == "self_attn.k_proj":
+            elif module == "self_attn.k_proj" and arch == "llama":
                 a = permute_for_gguf(a, cfg.num_key_value_heads)
-        w.add_tensor(out, np.ascontiguousarray(a))
+        add(out, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -21,12 +21,14 @@ PROMPT = [5, 17, 923, 4000, 12, 88, 3021, 7, 7, 101, 4522, 39]
 DECODE_STEPS = 6
 
 
-def our_logits(model_path, ids: list[int], page_size: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Prefill logits for every prompt position, then one logits row per decoded (given) token."""
+def our_logits(model_path, ids: list[int], page_size: int, dequantize: bool = False
+               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Prefill logits for every prompt position, then one logits row per decoded (given) token (a
+    GGUF's block matrices on the block kernels, or with `dequantize` as float32 weights)."""
     files = load_model_files(str(model_path))
     cfg = files.config
     cpu = get_platform(torch.device("cpu"))
-    model = LlamaForCausalLM(cfg, files.weights, torch.float32, cpu)
+    model = LlamaForCausalLM(cfg, files.dequantized() if dequantize else files.weights, torch.float32, cpu)
     num_pages = 32
     kv = KVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu"))
     # pages in reverse order so that positions do not map to slots trivially
@@ -86,3 +88,34 @@ def test_gguf_export_of_a_tiny_llama_matches_transformers(tmp_path, default_mode
     prefill, steps = our_logits(path, ids, page_size=1)
     torch.testing.assert_close(prefill, ref[: len(PROMPT)], atol=ATOL, rtol=0)
     torch.testing.assert_close(torch.stack(steps), ref[len(PROMPT):], atol=ATOL, rtol=0)
+
+
+def test_gguf_export_of_a_tiny_qwen3_moe_matches_transformers(tmp_path, default_model_files):
+    """llama.cpp's qwen3moe layout: every layer's experts stacked in one tensor, the router beside."""
+    from .gguf_export import write_llama_gguf
+
+    hf = build_tiny_model("qwen3_moe_gguf", tmp_path / "hf", default_model_files.tokenizer, seed=5)
+    path = write_llama_gguf(hf, tmp_path / "tiny-moe.gguf", default_model_files)
+    ids = hf_greedy(hf, DECODE_STEPS)
+    ref = hf_logits(hf, ids)
+    prefill, steps = our_logits(path, ids, page_size=1)
+    torch.testing.assert_close(prefill, ref[: len(PROMPT)], atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.stack(steps), ref[len(PROMPT):], atol=ATOL, rtol=0)
+
+
+def test_a_q8_0_qwen3_moe_gguf_runs_its_experts_on_the_block_kernels(tmp_path, default_model_files):
+    """Each expert a view of the file's blocks, computed by the block kernels close to the
+    dequantised weights (int8 activations are the only difference; the router stays float)."""
+    from .gguf_export import write_llama_gguf
+
+    hf = build_tiny_model("qwen3_moe_gguf", tmp_path / "hf", default_model_files.tokenizer, seed=5)
+    path = write_llama_gguf(hf, tmp_path / "tiny-moe-q8.gguf", default_model_files, quant="Q8_0")
+    files = load_model_files(str(path))
+    cpu = get_platform(torch.device("cpu"))
+    blocks = LlamaForCausalLM(files.config, files.weights, torch.float32, cpu).layers[0].moe
+    exact = LlamaForCausalLM(files.config, files.dequantized(), torch.float32, cpu).layers[0].moe
+    assert all(gate_up.quantized and down.quantized for gate_up, down in blocks.experts)
+    h = torch.randn(16, files.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(blocks.route(h)[1], exact.route(h)[1])
+    ours, ref = blocks(h), exact(h)
+    assert float((ours - ref).norm() / ref.norm()) < 0.02

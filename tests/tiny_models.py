@@ -40,6 +40,10 @@ def tiny_config(arch: str):
         # the second layer keeps a dense MLP; top-k probabilities are not renormalised
         return tf.Qwen3MoeConfig(**common, head_dim=32, num_experts=4, num_experts_per_tok=2,
                                  moe_intermediate_size=48, mlp_only_layers=[1], norm_topk_prob=False)
+    if arch == "qwen3_moe_gguf":
+        # what llama.cpp's qwen3moe runs: experts in every layer, chosen weights renormalised
+        return tf.Qwen3MoeConfig(**common, head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=64, norm_topk_prob=True)
     if arch == "gemma3":
         # a window of 4 over a 12-token prompt, local and global layers with their own RoPE bases,
         # final logit soft-capping and a query scale other than head_dim's

@@ -20,8 +20,13 @@ _LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
-# the llama.cpp architectures whose tensors map onto the names above
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# llama.cpp architectures whose tensors map onto the names above -> our model_type (a llama file
+# with experts is a Mixtral)
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+                      "qwen3moe": "qwen3_moe"}
+# a MoE layer's router, and its experts stacked in one [experts, rows, cols] tensor each
+_ROUTER = "ffn_gate_inp"
+_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
@@ -29,6 +34,8 @@ def hf_name(gguf_name: str) -> str | None:
     parts = gguf_name.split(".")
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] == _ROUTER:
+        return f"model.layers.{parts[1]}.mlp.gate.{parts[3]}"
     if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[parts[0]]}.{parts[1]}"
     return None
@@ -56,6 +63,10 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
         raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}: radixserve runs "
                                     f"{', '.join(GGUF_ARCHITECTURES)} GGUF files")
     a = lambda k, d=None: f.get(f"{arch}.{k}", d)  # noqa: E731
+    model_type = GGUF_ARCHITECTURES[arch]
+    experts = a("expert_count", 0) or 0
+    if experts and model_type == "llama":
+        model_type = "mixtral"
     heads = a("attention.head_count")
     hidden = a("embedding_length")
     scaling = None
@@ -64,15 +75,18 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
         scaling = {"rope_type": "linear", "factor": a("rope.scaling.factor")}
     elif kind not in (None, "none"):
         raise UnsupportedModelError(f"unsupported rope scaling {kind!r} in GGUF")
-    family = ARCHITECTURES[arch]
+    family = ARCHITECTURES[model_type]
     eos = f.get("tokenizer.ggml.eos_token_id")
     return ModelConfig(
-        model_type=arch, hidden_size=hidden, num_layers=a("block_count"), num_heads=heads,
+        model_type=model_type, hidden_size=hidden, num_layers=a("block_count"), num_heads=heads,
         num_kv_heads=a("attention.head_count_kv", heads), head_dim=a("attention.key_length", hidden // heads),
         intermediate_size=a("feed_forward_length"), vocab_size=a("vocab_size", vocab_size),
         rms_norm_eps=a("attention.layer_norm_rms_epsilon", 1e-5), rope_theta=float(a("rope.freq_base", 10000.0)),
         rope_scaling=scaling, max_context_len=a("context_length", 2048), tie_word_embeddings=not has_output,
-        attention_bias=family.attention_bias, qk_norm=family.qk_norm, eos_token_ids=[eos] if eos is not None else [])
+        attention_bias=family.attention_bias, qk_norm=family.qk_norm, eos_token_ids=[eos] if eos is not None else [],
+        # llama.cpp renormalises the chosen experts' weights for both families
+        num_experts=experts, experts_per_token=a("expert_used_count", 0) if experts else 0,
+        moe_intermediate_size=a("expert_feed_forward_length") or a("feed_forward_length"), norm_topk_prob=True)
 
 
 def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
@@ -90,17 +104,20 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
     weights: dict[str, torch.Tensor | BlockTensor] = {}
     try:
         for gname, t in (tensors.items() if with_weights else ()):
+            if gname.split(".")[2:3] and gname.split(".")[2] in _EXPERTS:
+                weights.update(_experts(gname, t, config.num_experts))
+                continue
             hname = hf_name(gname)
             if hname is None:
                 continue
             heads = None
-            if config.model_type in ("llama", "mistral"):
+            if config.model_type in ("llama", "mistral", "mixtral"):
                 if gname.endswith("attn_q.weight") or gname.endswith("attn_q.bias"):
                     heads = config.num_heads
                 elif gname.endswith("attn_k.weight") or gname.endswith("attn_k.bias"):
                     heads = config.num_kv_heads
             shape = [int(d) for d in reversed(t.shape)]
-            if is_block_kind(t.tensor_type.name) and len(shape) == 2:
+            if is_block_kind(t.tensor_type.name) and len(shape) == 2 and not hname.endswith("mlp.gate.weight"):
                 w = BlockTensor(t.tensor_type.name, t.data, shape[1])
                 weights[hname] = w.reordered(unpermute_rope(np.arange(w.rows), heads)) if heads else w
                 continue
@@ -111,3 +128,22 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
     except (ValueError, NotImplementedError) as e:
         raise ModelLoadError(f"cannot read the weights of {path.name}: {e}") from None
     return ModelFiles(name, config, weights, Tokenizer.from_gguf_fields(fields))
+
+
+def _experts(gname: str, t: GGUFTensor, num_experts: int) -> dict[str, torch.Tensor | BlockTensor]:
+    """One stacked expert tensor (blk.N.ffn_*_exps, [experts, rows, cols]) as each expert's own
+    matrix under Hugging Face's names: views of the file's rows, never copies of a block type."""
+    _, layer, kind, suffix = gname.split(".")
+    experts, rows, cols = (int(d) for d in reversed(t.shape))
+    if experts != num_experts:
+        raise ValueError(f"{gname} holds {experts} experts, the metadata says {num_experts}")
+    out: dict[str, torch.Tensor | BlockTensor] = {}
+    for e in range(experts):
+        name = f"model.layers.{layer}.mlp.experts.{e}.{_EXPERTS[kind]}.{suffix}"
+        part = t.data[e * rows:(e + 1) * rows]
+        if is_block_kind(t.tensor_type.name):
+            out[name] = BlockTensor(t.tensor_type.name, part, cols)
+        else:
+            a = dense(GGUFTensor(gname, (cols, rows), t.tensor_type, part)).reshape(rows, cols)
+            out[name] = torch.from_numpy(a if a.flags.writeable else a.copy())
+    return out
