@@ -2,7 +2,10 @@
 real server on the embedded model: pydantic-ai, langchain-openai, instructor and the OpenAI Agents
 SDK (its chat-completions model). The 135M model cannot be trusted to pick a tool on its own, so
 every call here is forced: tool_choice required or a named tool, or a structured output the
-framework itself asks for as a forced tool call or a JSON schema. Replies are greedy and short."""
+framework itself asks for as a forced tool call or a JSON schema. Replies are greedy and short.
+
+Every test runs twice: with the server's default tool-call format (Hermes) and with Llama 3's JSON
+format, whose instruction and earlier-call rendering the prompts then carry."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +16,16 @@ import pytest
 from pydantic import BaseModel, Field
 
 MAX_TOKENS = 64
+
+
+@pytest.fixture(autouse=True, params=["hermes", "llama3_json"])
+def tool_call_format(request, api):
+    """The shared server answering as if started with --tool-call-format <param>."""
+    from radixserve.api.openai.tool_formats import FORMATS
+
+    before, api.state.tool_format = api.state.tool_format, FORMATS[request.param]
+    yield request.param
+    api.state.tool_format = before
 
 
 class CityWeather(BaseModel):
