@@ -1,4 +1,4 @@
-"""Write a GGUF of an HF Llama, Qwen3 or Qwen3-MoE in llama.cpp's layout, with the default model's
+"""Write a GGUF of an HF Llama, Qwen3, Qwen3-MoE or Gemma 3 in llama.cpp's layout, with the default model's
 tokenizer: float32, or with every matrix but the embeddings and the router in a block type."""
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
 
     cfg = hf_model.config
     moe = cfg.model_type == "qwen3_moe"
-    arch = {"qwen3_moe": "qwen3moe", "qwen3": "qwen3"}.get(cfg.model_type, "llama")
+    arch = {"qwen3_moe": "qwen3moe", "qwen3": "qwen3", "gemma3_text": "gemma3"}.get(cfg.model_type, "llama")
+    gemma = arch == "gemma3"
     w = gguf.GGUFWriter(str(path), arch)
     if moe:
         w.add_expert_count(cfg.num_experts)
@@ -30,13 +31,21 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
     if arch != "llama":
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
+    if gemma:   # every n-th layer global, as the layer types say
+        n = cfg.layer_types.index("full_attention") + 1
+        assert all((t == "full_attention") == ((i + 1) % n == 0) for i, t in enumerate(cfg.layer_types))
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_sliding_window_pattern(n)
+        if cfg.final_logit_softcapping:
+            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
+    w.add_rope_freq_base(float(rope["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     fields, _ = read_gguf(default_model_path())
     w.add_tokenizer_model("gpt2")
@@ -50,6 +59,9 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
              "mlp.gate": "ffn_gate_inp"}
+    if gemma:
+        names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                      "post_feedforward_layernorm": "post_ffw_norm"})
     qtype = getattr(gguf.GGMLQuantizationType, quant) if quant else None
 
     def add(out: str, a: np.ndarray) -> None:
@@ -73,6 +85,7 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
             out = "token_embd.weight"
         elif name == "model.norm.weight":
             out = "output_norm.weight"
+            a = a + 1 if gemma else a
         elif name == "lm_head.weight":
             if cfg.tie_word_embeddings:
                 continue
@@ -81,6 +94,8 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
             _, _, layer, *rest = name.split(".")
             module, kind = ".".join(rest[:-1]), rest[-1]
             out = f"blk.{layer}.{names[module]}.{kind}"
+            if gemma and "norm" in module:
+                a = a + 1   # llama.cpp's converter stores Gemma's (1 + weight)
             if module == "self_attn.q_proj" and arch == "llama":
                 a = permute_for_gguf(a, cfg.num_attention_heads)
             elif module == "self_attn.k_proj" and arch == "llama":

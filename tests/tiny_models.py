@@ -44,6 +44,9 @@ def tiny_config(arch: str):
         # what llama.cpp's qwen3moe runs: experts in every layer, chosen weights renormalised
         return tf.Qwen3MoeConfig(**common, head_dim=32, num_experts=4, num_experts_per_tok=2,
                                  moe_intermediate_size=64, norm_topk_prob=True)
+    if arch == "gemma3_gguf":
+        # what llama.cpp's gemma3 reads: attention scaled by head_dim, every n-th layer global
+        return tiny_config("gemma3").__class__(**{**tiny_config("gemma3").to_dict(), "query_pre_attn_scalar": 16})
     if arch == "gemma3":
         # a window of 4 over a 12-token prompt, local and global layers with their own RoPE bases,
         # final logit soft-capping and a query scale other than head_dim's

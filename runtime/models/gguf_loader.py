@@ -23,17 +23,22 @@ _LAYER_NAMES = {
 # llama.cpp architectures whose tensors map onto the names above -> our model_type (a llama file
 # with experts is a Mixtral)
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                      "qwen3moe": "qwen3_moe"}
+                      "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
+# Gemma's four norms a layer: its ffn_norm is the MLP's input norm, the attention and MLP outputs
+# have their own (llama.cpp's converter has already added Gemma's 1 to every norm weight)
+_GEMMA_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm"}
 # a MoE layer's router, and its experts stacked in one [experts, rows, cols] tensor each
 _ROUTER = "ffn_gate_inp"
 _EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    names = {**_LAYER_NAMES, **_GEMMA_NAMES} if arch == "gemma3" else _LAYER_NAMES
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
+        return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     if parts[0] == "blk" and len(parts) == 4 and parts[2] == _ROUTER:
         return f"model.layers.{parts[1]}.mlp.gate.{parts[3]}"
     if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
@@ -86,7 +91,22 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
         attention_bias=family.attention_bias, qk_norm=family.qk_norm, eos_token_ids=[eos] if eos is not None else [],
         # llama.cpp renormalises the chosen experts' weights for both families
         num_experts=experts, experts_per_token=a("expert_used_count", 0) if experts else 0,
-        moe_intermediate_size=a("expert_feed_forward_length") or a("feed_forward_length"), norm_topk_prob=True)
+        moe_intermediate_size=a("expert_feed_forward_length") or a("feed_forward_length"), norm_topk_prob=True,
+        **(_gemma3(a) if arch == "gemma3" else {}))
+
+
+def _gemma3(a) -> dict[str, Any]:
+    """What llama.cpp's gemma3 reads or fixes: every n-th layer global (6 unless the file says),
+    local layers on RoPE base 10000, attention scaled by head_dim (the 27B's hidden / heads is
+    not told apart here)."""
+    layers, window = a("block_count"), a("attention.sliding_window")
+    pattern = a("attention.sliding_window_pattern", 6)
+    globals_ = ([not p for p in pattern] if isinstance(pattern, list)
+                else [(i + 1) % pattern == 0 for i in range(layers)])
+    head_dim = a("attention.key_length")
+    return dict(hidden_act="gelu_tanh", layer_windows=tuple(0 if g else window for g in globals_),
+                local_rope_theta=10000.0, sandwich_norms=True, embed_scale=a("embedding_length") ** 0.5,
+                query_pre_attn_scalar=float(head_dim), final_logit_softcap=a("final_logit_softcapping"))
 
 
 def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
@@ -107,7 +127,7 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
             if gname.split(".")[2:3] and gname.split(".")[2] in _EXPERTS:
                 weights.update(_experts(gname, t, config.num_experts))
                 continue
-            hname = hf_name(gname)
+            hname = hf_name(gname, fields.get("general.architecture"))
             if hname is None:
                 continue
             heads = None
