@@ -1,4 +1,4 @@
-"""Write a GGUF of an HF Llama, Qwen3, Qwen3-MoE or Gemma 3 in llama.cpp's layout, with the default model's
+"""Write a GGUF of an HF Llama, Qwen3, Qwen3-MoE, Gemma 3 or Phi-3 / 4 in llama.cpp's layout, with the default model's
 tokenizer: float32, or with every matrix but the embeddings and the router in a block type."""
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
     from radixserve.runtime.models.loader import default_model_path
 
     cfg = hf_model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     moe = cfg.model_type == "qwen3_moe"
-    arch = {"qwen3_moe": "qwen3moe", "qwen3": "qwen3", "gemma3_text": "gemma3"}.get(cfg.model_type, "llama")
+    arch = {"qwen3_moe": "qwen3moe", "qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3"}.get(cfg.model_type, "llama")
     gemma = arch == "gemma3"
     w = gguf.GGUFWriter(str(path), arch)
     if moe:
@@ -29,8 +30,8 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
         w.add_expert_used_count(cfg.num_experts_per_tok)
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if arch != "llama":
-        w.add_key_length(cfg.head_dim)
-        w.add_value_length(cfg.head_dim)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     if gemma:   # every n-th layer global, as the layer types say
         n = cfg.layer_types.index("full_attention") + 1
         assert all((t == "full_attention") == ((i + 1) % n == 0) for i, t in enumerate(cfg.layer_types))
@@ -46,6 +47,15 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
     w.add_head_count_kv(cfg.num_key_value_heads)
     rope = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
     w.add_rope_freq_base(float(rope["rope_theta"]))
+    if arch == "phi3":   # LongRoPE as llama.cpp's converter writes it: factors as tensors, the rest as keys
+        import math
+        original = rope["original_max_position_embeddings"]
+        factor = cfg.max_position_embeddings / original
+        w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(factor) / math.log(original)))
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     fields, _ = read_gguf(default_model_path())
     w.add_tokenizer_model("gpt2")
@@ -58,7 +68,7 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
              "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-             "mlp.gate": "ffn_gate_inp"}
+             "mlp.gate": "ffn_gate_inp", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
     if gemma:
         names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"})

@@ -121,13 +121,15 @@ def test_a_q8_0_qwen3_moe_gguf_runs_its_experts_on_the_block_kernels(tmp_path, d
     assert float((ours - ref).norm() / ref.norm()) < 0.02
 
 
-def test_gguf_export_of_a_tiny_gemma3_matches_transformers(tmp_path, default_model_files):
-    """llama.cpp's gemma3 layout: norms stored as (1 + weight), four norms a layer under their own
-    names, the window pattern and soft-capping in the metadata."""
+@pytest.mark.parametrize("arch", ["gemma3_gguf", "phi4_mini"])
+def test_gguf_export_of_a_tiny_gemma3_or_phi4_mini_matches_transformers(arch, tmp_path, default_model_files):
+    """llama.cpp's gemma3 layout (norms stored as 1 + weight, four norms a layer under their own
+    names, the window pattern and soft-capping in the metadata) and phi3 layout (fused q/k/v and
+    gate/up, LongRoPE's factors as tensors, partial rotary as the rope's dimension count)."""
     from .gguf_export import write_llama_gguf
 
-    hf = build_tiny_model("gemma3_gguf", tmp_path / "hf", default_model_files.tokenizer, seed=7)
-    path = write_llama_gguf(hf, tmp_path / "tiny-gemma3.gguf", default_model_files)
+    hf = build_tiny_model(arch, tmp_path / "hf", default_model_files.tokenizer, seed=7)
+    path = write_llama_gguf(hf, tmp_path / f"tiny-{arch}.gguf", default_model_files)
     ids = hf_greedy(hf, DECODE_STEPS)
     ref = hf_logits(hf, ids)
     prefill, steps = our_logits(path, ids, page_size=1)

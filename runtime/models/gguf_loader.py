@@ -23,7 +23,7 @@ _LAYER_NAMES = {
 # llama.cpp architectures whose tensors map onto the names above -> our model_type (a llama file
 # with experts is a Mixtral)
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                      "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
+                      "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text", "phi3": "phi3"}
 # Gemma's four norms a layer: its ffn_norm is the MLP's input norm, the attention and MLP outputs
 # have their own (llama.cpp's converter has already added Gemma's 1 to every norm weight)
 _GEMMA_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
@@ -34,9 +34,13 @@ _EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_ex
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
+# Phi-3 keeps q/k/v and gate/up fused
+_PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+
+
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     parts = gguf_name.split(".")
-    names = {**_LAYER_NAMES, **_GEMMA_NAMES} if arch == "gemma3" else _LAYER_NAMES
+    names = {**_LAYER_NAMES, **{"gemma3": _GEMMA_NAMES, "phi3": _PHI3_NAMES}.get(arch, {})}
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     if parts[0] == "blk" and len(parts) == 4 and parts[2] == _ROUTER:
@@ -92,6 +96,7 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
         # llama.cpp renormalises the chosen experts' weights for both families
         num_experts=experts, experts_per_token=a("expert_used_count", 0) if experts else 0,
         moe_intermediate_size=a("expert_feed_forward_length") or a("feed_forward_length"), norm_topk_prob=True,
+        rotary_dim=a("rope.dimension_count"),
         **(_gemma3(a) if arch == "gemma3" else {}))
 
 
@@ -105,7 +110,7 @@ def _gemma3(a) -> dict[str, Any]:
                 else [(i + 1) % pattern == 0 for i in range(layers)])
     head_dim = a("attention.key_length")
     return dict(hidden_act="gelu_tanh", layer_windows=tuple(0 if g else window for g in globals_),
-                local_rope_theta=10000.0, sandwich_norms=True, embed_scale=a("embedding_length") ** 0.5,
+                local_rope_theta=float(a("rope.freq_base_swa", 10000.0)), sandwich_norms=True, embed_scale=a("embedding_length") ** 0.5,
                 query_pre_attn_scalar=float(head_dim), final_logit_softcap=a("final_logit_softcapping"))
 
 
@@ -118,6 +123,14 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
         raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
     vocab = len(fields.get("tokenizer.ggml.tokens", [])) or tensors["token_embd.weight"].shape[-1]
     config = config_from_fields(fields, "output.weight" in tensors, vocab)
+    if "rope_factors_long.weight" in tensors:  # Phi-3's LongRoPE: both sets of divisors as tensors
+        arch = fields["general.architecture"]
+        config.rope_scaling = {
+            "rope_type": "longrope", "long_factor": dense(tensors["rope_factors_long.weight"]).reshape(-1).tolist(),
+            "short_factor": dense(tensors["rope_factors_short.weight"]).reshape(-1).tolist(),
+            "original_max_position_embeddings": fields.get(f"{arch}.rope.scaling.original_context_length"),
+            "attention_factor": fields.get(f"{arch}.rope.scaling.attn_factor"),
+            "max_position_embeddings": config.max_context_len}
     if "rope_freqs.weight" in tensors:  # llama3-style scaling stored as per-frequency divisors
         factors = dense(tensors["rope_freqs.weight"])
         config.rope_scaling = {"rope_type": "factors", "factors": np.asarray(factors).reshape(-1).tolist()}
