@@ -1081,6 +1081,29 @@ void dequantize_rows(const BlockSegment& s, int64_t cols, const int64_t* ids, in
   });
 }
 
+// Rows [r0, r1) of a block matrix (its segments stacked) dequantised, exactly as dequantize_rows
+// does, then rounded to bf16: out [r1 - r0, cols]. The panel a bf16 GEMM (oneDNN's, AMX where the
+// CPU has it) multiplies by a prefill chunk's rows (runtime/models/linear.py's BlockLinear).
+void dequantize_panel_bf16(const BlockMatrix& m, int64_t r0, int64_t r1, bf16* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t i = r, seg = 0;
+    while (i >= m.segment[seg].rows) i -= m.segment[seg++].rows;
+    const BlockSegment& s = m.segment[seg];
+    const uint8_t* row = s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes;
+    bf16* o = out + (r - r0) * m.cols;
+    with_kind(s.kind, [&](auto k) {
+      using K = decltype(k);
+      constexpr int64_t per = QBLOCK * K::SUBS;
+      float y[per];
+      for (int64_t b = 0; b < m.cols / per; ++b) {
+        K::dequantize(row + b * K::BYTES, y);
+        for (int64_t l = 0; l < per; ++l) o[b * per + l] = from_f<bf16>(y[l]);
+      }
+    });
+  }
+}
+
 // ---- one decoder layer of a pure-decode step ------------------------------------------------------
 // A float32 model whose four linear layers are block-quantized (runtime/models/fused_decode.py):
 // norm -> qkv -> RoPE -> K/V write -> attention -> o -> norm -> gate-up -> SiLU -> down in one call
@@ -1210,6 +1233,10 @@ RS_EXPORT void rs_block_linear(const BlockMatrix* m, const float* x, int64_t n, 
 
 RS_EXPORT void rs_dequantize_rows(const BlockSegment* s, int64_t cols, const int64_t* ids, int64_t n, float* out) {
   dequantize_rows(*s, cols, ids, n, out);
+}
+
+RS_EXPORT void rs_dequantize_panel_bf16(const BlockMatrix* m, int64_t r0, int64_t r1, void* out) {
+  dequantize_panel_bf16(*m, r0, r1, static_cast<bf16*>(out));
 }
 
 RS_EXPORT void rs_decoder_layer(const LayerWeights* w, const DecodeStep* s, int64_t layer, int64_t has_delta) {

@@ -242,6 +242,8 @@ class CpuKernels:
         self._dequantize_rows = lib.rs_dequantize_rows
         self._dequantize_rows.argtypes = [ctypes.POINTER(BlockSegment), i64, ptr, i64, ptr]
         self._dequantize_rows.restype = None
+        self._dequantize_panel = lib.rs_dequantize_panel_bf16
+        self._dequantize_panel.argtypes, self._dequantize_panel.restype = [ctypes.POINTER(BlockMatrix), i64, i64, ptr], None
         self._decoder_layer = lib.rs_decoder_layer
         self._decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(DecodeStep), i64, i64]
         self._decoder_layer.restype = None
@@ -309,6 +311,14 @@ class CpuKernels:
         out = torch.empty(len(ids), t.cols)
         segment = block_segment(t)
         self._dequantize_rows(ctypes.byref(segment), t.cols, ids.data_ptr(), len(ids), out.data_ptr())
+        return out
+
+    def dequantize_panel_bf16(self, m: BlockMatrix, r0: int, r1: int) -> torch.Tensor:
+        """Rows [r0, r1) of a block-quantized weight (its segments stacked) as bfloat16 [r1 - r0, cols]:
+        the dequantised values, rounded to nearest even."""
+        assert 0 <= r0 <= r1 <= m.rows
+        out = torch.empty(r1 - r0, m.cols, dtype=torch.bfloat16)
+        self._dequantize_panel(ctypes.byref(m), r0, r1, out.data_ptr())
         return out
 
     def decoder_layer(self, weights: LayerWeights, step: DecodeStep, layer: int, has_delta: bool) -> None:

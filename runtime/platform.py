@@ -156,7 +156,7 @@ class CpuPlatform(Platform):
     def linear(self, parts: Sequence, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Linear:
         kernels = self.kernels()
         if kernels is not None and all(isinstance(p, BlockTensor) for p in parts):
-            return BlockLinear(parts, bias, kernels)
+            return BlockLinear(parts, bias, kernels, bf16_gemm=self.fast_bf16 and self.onednn_bf16)
         weight = self.dense(parts, dtype)
         return CpuLinear(weight, None if bias is None else bias.to(dtype),
                          onednn=weight.dtype == torch.bfloat16 and self.onednn_bf16)

@@ -146,3 +146,46 @@ def test_block_linear_of_no_rows_is_empty():
     """A prefill chunk that samples no row asks the LM head for zero rows."""
     t = random_tensor("Q8_0", 64, 64, 0)
     assert KERNELS.block_linear(torch.zeros(0, 64), block_matrix([t])).shape == (0, 64)
+
+
+# ---- prefill rows: bf16 panels (runtime/models/linear.py's BlockLinear, AMX / AVX512-BF16 CPUs) --------
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_bf16_panel_is_the_dequantised_rows_rounded_to_nearest_even(kind):
+    t = random_tensor(kind, 9, 2 * KINDS[kind][1], 4)
+    m = block_matrix([t])
+    want = torch.from_numpy(t.dequantize()).bfloat16()
+    assert torch.equal(KERNELS.dequantize_panel_bf16(m, 2, 7), want[2:7])
+
+
+def test_bf16_panels_span_stacked_segments_and_row_maps():
+    q, k, v = random_tensor("Q4_K", 34, 512, 0), random_tensor("Q4_K", 10, 512, 1), random_tensor("Q6_K", 6, 512, 2)
+    k = k.reordered(np.array([9, 8, 7, 6, 5, 4, 3, 2, 1, 0]))
+    want = torch.cat([torch.from_numpy(p.dequantize()) for p in (q, k, v)]).bfloat16()
+    assert torch.equal(KERNELS.dequantize_panel_bf16(block_matrix([q, k, v]), 30, 50), want[30:50])
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_prefill_rows_through_bf16_panels_equal_the_float64_matmul_up_to_bf16_rounding(kind):
+    """From BF16_GEMM_ROWS rows, where the platform has a bf16 GEMM: inputs, weights and outputs
+    in bf16 (8 significant bits each), float32 sums."""
+    from radixserve.runtime.models.linear import BF16_GEMM_ROWS, BlockLinear
+
+    t = random_tensor(kind, 40, 2 * KINDS[kind][1], 5)
+    bias = torch.randn(40)
+    lin = BlockLinear([t], bias, KERNELS, bf16_gemm=True)
+    x = torch.randn(2 * BF16_GEMM_ROWS + 3, t.cols, generator=torch.Generator().manual_seed(6))
+    got = lin(x).double()
+    dense = torch.from_numpy(t.dequantize()).double()
+    want = x.double() @ dense.t() + bias.double()
+    bound = 3 * 2.0 ** -8 * (x.double().abs() @ dense.abs().t() + want.abs()) + 1e-6
+    assert ((got - want).abs() <= bound).all()
+    assert not torch.equal(got.float(), KERNELS.block_linear(x, lin.matrix) + bias)   # it took the other path
+
+
+def test_decode_rows_stay_on_the_block_kernels_where_a_bf16_gemm_exists():
+    from radixserve.runtime.models.linear import BlockLinear
+
+    t = random_tensor("Q4_1", 16, 64, 7)
+    lin = BlockLinear([t], None, KERNELS, bf16_gemm=True)
+    x = torch.randn(4, 64)
+    assert torch.equal(lin(x), KERNELS.block_linear(x, lin.matrix))

@@ -36,21 +36,49 @@ class CpuLinear(Linear):
 
 class BlockLinear(Linear):
     """Block-quantized weights (runtime/models/quant.py's BlockTensors, stacked along the output
-    dim) through the block kernels at every batch size: a decode step reads 0.56-1.06 bytes a
-    weight instead of float32's 4, and no float copy of the weights exists. Activations are
-    float32 (the kernels round them to int8 per block of 32)."""
+    dim) through the block kernels: a decode step reads 0.56-1.06 bytes a weight instead of
+    float32's 4, and no float copy of the weights exists. Activations are float32 (the kernels
+    round them to int8 per block of 32).
+
+    With `bf16_gemm` (a CPU with AMX or AVX512-BF16), `BF16_GEMM_ROWS` rows or more (a prefill
+    chunk) go another way: panels of the weight are dequantised to bf16 a few MB at a time and
+    multiplied by oneDNN's bf16 GEMM: 2.5x the block kernels at 64 rows, 3-6x at 512 on a 2-core
+    AMX Xeon (bench/gemm.py). Its results round differently (bf16 inputs and outputs); decode
+    steps, a few rows each, stay on the block kernels."""
     quantized = True
 
-    def __init__(self, parts: Sequence, bias: Optional[torch.Tensor], kernels):
+    def __init__(self, parts: Sequence, bias: Optional[torch.Tensor], kernels, bf16_gemm: bool = False):
         from radixserve.kernels.cpu_kernels import block_matrix
         super().__init__(None, None if bias is None else bias.float().contiguous())
         self.parts, self.kernels = list(parts), kernels
         self.matrix = block_matrix(self.parts, self.bias)   # the fused decode layers read it too
+        # Q6_K's bit planes take ~3x as long to dequantise: the GEMM pays from more rows
+        slow = any(p.kind == "Q6_K" for p in self.parts)
+        self.bf16_rows = (2 * BF16_GEMM_ROWS if slow else BF16_GEMM_ROWS) if bf16_gemm else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bf16_rows is not None and x.shape[0] >= self.bf16_rows:
+            return self._bf16_panels(x).to(x.dtype)
         if x.dtype != torch.float32 or not x.is_contiguous():
             return self.kernels.block_linear(x.float().contiguous(), self.matrix).to(x.dtype)
         return self.kernels.block_linear(x, self.matrix)
+
+    def _bf16_panels(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.matrix
+        xb, out = x.to(torch.bfloat16), torch.empty(x.shape[0], m.rows)
+        step = max(16, BF16_PANEL_BYTES // (2 * m.cols))
+        for r0 in range(0, m.rows, step):
+            r1 = min(m.rows, r0 + step)
+            out[:, r0:r1] = torch.mm(xb, self.kernels.dequantize_panel_bf16(m, r0, r1).t())
+        if self.bias is not None:
+            out += self.bias
+        return out
+
+
+# Rows from which a prefill's linear layers take the bf16 GEMM (where the platform has one), and the
+# weight panel each dequantises at a time (bench/gemm.py measures both)
+BF16_GEMM_ROWS = 64
+BF16_PANEL_BYTES = 2 << 20
 
 
 class Embedding:
