@@ -6,9 +6,13 @@ Rows alternate between the two; each figure is the median of --repeats timings.
 Matrices: the default model's MLP (Q4_1, 1536 x 576 and 576 x 1536), and 1B-shaped ones of
 each block type made here (random weights, quantized with the gguf package's reference).
 
+With --prefill, also an engine's prefill time (a prompt of each length, cache flushed, one token
+out) on the default model or --model, with the bf16 panels on and off, alternating.
+
 Writes bench/results/gemm.json (or --out). Reports figures, never asserts.
 
     .venv/bin/python bench/gemm.py [--rows 1 4 16 32 64 128 512] [--repeats 7]
+    .venv/bin/python bench/gemm.py --prefill 512 2000 [--model bench/models/llama-1b-Q8_0.gguf]
 """
 from __future__ import annotations
 
@@ -52,10 +56,43 @@ def timed(f, repeats: int) -> float:
     return statistics.median(times)
 
 
+def prefill_times(model, lengths: list[int], repeats: int) -> dict:
+    """Seconds to prefill a prompt (and sample one token), bf16 panels on and off, alternating."""
+    from radixserve.runtime.config import EngineConfig
+    from radixserve.runtime.engine import Engine
+    from radixserve.runtime.sampling_params import SamplingParams
+
+    engine = Engine(EngineConfig(kv_cache_tokens=8192, model=model))
+    linears = [lin for layer in engine.model.layers for lin in vars(layer).values() if isinstance(lin, BlockLinear)]
+    rows = {lin: lin.bf16_rows for lin in linears}
+    rng = np.random.default_rng(0)
+    out: dict = {"model": model or "default", "bf16_panels": engine.platform.fast_bf16}
+    for n in lengths:
+        prompt = rng.integers(200, 40000, n).tolist()
+        times: dict[str, list[float]] = {"on": [], "off": []}
+        for r in range(repeats):
+            for side in (("on", "off") if r % 2 == 0 else ("off", "on")):
+                for lin in linears:
+                    lin.bf16_rows = rows[lin] if side == "on" else None
+                engine.flush_cache()
+                t = time.perf_counter()
+                engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
+                times[side].append(time.perf_counter() - t)
+        out[n] = {side: {"median_s": round(statistics.median(v), 3), "min_s": round(min(v), 3),
+                         "max_s": round(max(v), 3)} for side, v in times.items()}
+        out[n]["speedup"] = round(out[n]["off"]["median_s"] / out[n]["on"]["median_s"], 2)
+        print("prefill", n, out[n], flush=True)
+    engine.shutdown()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32, 64, 128, 512])
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--prefill", type=int, nargs="*", default=[], help="prompt lengths to time a prefill of")
+    p.add_argument("--model", default=None, help="for --prefill (default: the embedded model)")
+    p.add_argument("--skip-matrices", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     cpu = get_platform(torch.device("cpu"))
@@ -68,7 +105,7 @@ def main() -> None:
                 "1B qkv (Q8_0 3072x2048)": made_matrix("Q8_0", 3072, 2048)}
     report = {"command": "bench/gemm.py " + " ".join(sys.argv[1:]), "machine": machine(),
               "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "matrices": {}}
-    for name, w in matrices.items():
+    for name, w in ({} if args.skip_matrices else matrices).items():
         lin = BlockLinear([w], None, kernels, bf16_gemm=True)
         rows = {}
         for n in args.rows:
@@ -80,6 +117,8 @@ def main() -> None:
                        "panels_speedup": round(blocks / panels, 2)}
             print(name, n, rows[n], flush=True)
         report["matrices"][name] = rows
+    if args.prefill:
+        report["prefill"] = prefill_times(args.model, args.prefill, args.repeats)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
 
