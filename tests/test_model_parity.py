@@ -77,25 +77,17 @@ def test_prefill_and_decode_logits_match_transformers(arch, page_size, tmp_path,
         torch.testing.assert_close(row, ref[n + i], atol=ATOL, rtol=0)
 
 
-def test_gguf_export_of_a_tiny_llama_matches_transformers(tmp_path, default_model_files):
-    """A GGUF written the way llama.cpp's converter writes it (q/k rows permuted for its RoPE)."""
+# llama.cpp's layouts, as its converter writes them: llama (q/k rows permuted for its RoPE);
+# qwen3moe (every layer's experts stacked in one tensor, the router beside); gemma3 (norms stored as
+# 1 + weight, four norms a layer under their own names, the window pattern and soft-capping in the
+# metadata); phi3 (fused q/k/v and gate/up, LongRoPE's factors as tensors, partial rotary as the
+# rope's dimension count)
+@pytest.mark.parametrize("arch", ["llama_tied", "qwen3_moe_gguf", "gemma3_gguf", "phi4_mini"])
+def test_gguf_export_of_a_tiny_model_matches_transformers(arch, tmp_path, default_model_files):
     from .gguf_export import write_llama_gguf
 
-    hf = build_tiny_model("llama_tied", tmp_path / "hf", default_model_files.tokenizer, seed=3)
-    path = write_llama_gguf(hf, tmp_path / "tiny.gguf", default_model_files)
-    ids = hf_greedy(hf, DECODE_STEPS)
-    ref = hf_logits(hf, ids)
-    prefill, steps = our_logits(path, ids, page_size=1)
-    torch.testing.assert_close(prefill, ref[: len(PROMPT)], atol=ATOL, rtol=0)
-    torch.testing.assert_close(torch.stack(steps), ref[len(PROMPT):], atol=ATOL, rtol=0)
-
-
-def test_gguf_export_of_a_tiny_qwen3_moe_matches_transformers(tmp_path, default_model_files):
-    """llama.cpp's qwen3moe layout: every layer's experts stacked in one tensor, the router beside."""
-    from .gguf_export import write_llama_gguf
-
-    hf = build_tiny_model("qwen3_moe_gguf", tmp_path / "hf", default_model_files.tokenizer, seed=5)
-    path = write_llama_gguf(hf, tmp_path / "tiny-moe.gguf", default_model_files)
+    hf = build_tiny_model(arch, tmp_path / "hf", default_model_files.tokenizer, seed=3)
+    path = write_llama_gguf(hf, tmp_path / f"tiny-{arch}.gguf", default_model_files)
     ids = hf_greedy(hf, DECODE_STEPS)
     ref = hf_logits(hf, ids)
     prefill, steps = our_logits(path, ids, page_size=1)
@@ -119,19 +111,3 @@ def test_a_q8_0_qwen3_moe_gguf_runs_its_experts_on_the_block_kernels(tmp_path, d
     assert torch.equal(blocks.route(h)[1], exact.route(h)[1])
     ours, ref = blocks(h), exact(h)
     assert float((ours - ref).norm() / ref.norm()) < 0.02
-
-
-@pytest.mark.parametrize("arch", ["gemma3_gguf", "phi4_mini"])
-def test_gguf_export_of_a_tiny_gemma3_or_phi4_mini_matches_transformers(arch, tmp_path, default_model_files):
-    """llama.cpp's gemma3 layout (norms stored as 1 + weight, four norms a layer under their own
-    names, the window pattern and soft-capping in the metadata) and phi3 layout (fused q/k/v and
-    gate/up, LongRoPE's factors as tensors, partial rotary as the rope's dimension count)."""
-    from .gguf_export import write_llama_gguf
-
-    hf = build_tiny_model(arch, tmp_path / "hf", default_model_files.tokenizer, seed=7)
-    path = write_llama_gguf(hf, tmp_path / f"tiny-{arch}.gguf", default_model_files)
-    ids = hf_greedy(hf, DECODE_STEPS)
-    ref = hf_logits(hf, ids)
-    prefill, steps = our_logits(path, ids, page_size=1)
-    torch.testing.assert_close(prefill, ref[: len(PROMPT)], atol=ATOL, rtol=0)
-    torch.testing.assert_close(torch.stack(steps), ref[len(PROMPT):], atol=ATOL, rtol=0)

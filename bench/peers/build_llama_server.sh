@@ -3,7 +3,8 @@
 # which bench/make_gguf.py uses to make Q4_K_M / Q6_K / Q8_0 files of real shapes) from the llama.cpp
 # source that the llama-cpp-python sdist on PyPI carries, into bench/peers/llama.cpp/. About 5
 # minutes on 2 cores.
-# AMX is left out: the AMX code paths die with an illegal instruction on this machine's CPU.
+# AMX is left out unless LLAMA_CPP_AMX=1: its code paths died with an illegal instruction on the
+# first Xeon this ran on (AMX in its flags, not enabled); they ran on a later AMX Xeon.
 set -euo pipefail
 PIN="${LLAMA_CPP_PYTHON_PIN:-llama-cpp-python==0.3.36}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -18,6 +19,7 @@ $PIP download -q --no-deps --no-binary :all: "$PIN" -d "$WORK"
 tar xzf "$WORK"/llama_cpp_python-*.tar.gz -C "$WORK"
 SRC="$(echo "$WORK"/llama_cpp_python-*/vendor/llama.cpp)"
 NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+[ "${LLAMA_CPP_AMX:-0}" = 1 ] && NOAMX=""
 cmake -S "$SRC" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX" \
   -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
