@@ -32,7 +32,8 @@ class DecoderLayer:
         self.qkv = linear([a + "qkv_proj"] if a + "qkv_proj.weight" in w else [a + "q_proj", a + "k_proj", a + "v_proj"],
                           qkv_b)
         self.o = linear([a + "o_proj"], w.get(a + "o_proj.bias"))
-        norm = lambda name, dt=dtype: (w[name] + cfg.norm_weight_offset).to(platform.device, dt)  # noqa: E731
+        # Gemma's 1 is added in float32, as transformers does, whatever the checkpoint's dtype
+        norm = lambda name, dt=dtype: (w[name].float() + cfg.norm_weight_offset).to(platform.device, dt)  # noqa: E731
         self.q_norm = norm(a + "q_norm.weight") if cfg.qk_norm else None
         self.k_norm = norm(a + "k_norm.weight") if cfg.qk_norm else None
         self.gate_up = self.down = self.moe = None
@@ -147,7 +148,9 @@ class LlamaForCausalLM:
         self.embed = platform.embedding(weights["model.embed_tokens.weight"], dtype)
         self.ops = platform.layer_ops()
         self.layers = [DecoderLayer(cfg, weights, i, dtype, platform, self.ops) for i in range(cfg.num_layers)]
-        self.norm = (weights["model.norm.weight"] + cfg.norm_weight_offset).to(device, torch.float32)
+        self.norm = (weights["model.norm.weight"].float() + cfg.norm_weight_offset).to(device, torch.float32)
+        # Gemma scales embeddings by sqrt(hidden) rounded to the model's dtype, as it was trained
+        self.embed_scale = float(torch.tensor(cfg.embed_scale, dtype=dtype))
         head = ("model.embed_tokens.weight" if cfg.tie_word_embeddings or "lm_head.weight" not in weights
                 else "lm_head.weight")
         self.lm_head = platform.linear([weights[head]], None, dtype)
@@ -164,8 +167,8 @@ class LlamaForCausalLM:
     def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
         """Float32 logits of `batch.sample_rows` (all rows when None)."""
         x = self.embed(batch.input_ids)
-        if self.cfg.embed_scale != 1.0:
-            x = x * self.cfg.embed_scale
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
         fused = None
         if self.fused_decode is not None and batch.paged_decode is not None:
             fused = self.fused_decode(x, batch.positions, batch.out_slots, batch.paged_decode)
