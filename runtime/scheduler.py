@@ -26,6 +26,10 @@ MAX_PASSED_OVER = 16
 # step (the CPU's whole-layer kernel, CUDA graphs) and every row is computed as a decode computes it,
 # so the text is the same as decoding the run token by token. Longer runs go as an extend.
 MAX_DECODE_ROWS = 32
+# Beside other running requests, a run is computed at most this many rows a step (the rest next
+# step, sampling only once it is all in): a step that carries long runs delays every request that
+# arrives during it (bench/jump_forward.py's TTFT at concurrency 4)
+SHARED_RUN_ROWS = 8
 
 
 @dataclass
@@ -141,7 +145,7 @@ class Scheduler:
         # row (bench/jump_forward.py's TTFT at concurrency 4)
         deferred: list[ScheduledItem] = []
         for req in self._decodes_with_pages():
-            n = decode_rows(req)
+            n = decode_rows(req) if len(self.running) == 1 else min(decode_rows(req), SHARED_RUN_ROWS)
             if n > 1 and self.waiting and not req.run_deferred:
                 deferred.append(ScheduledItem(req, n))
                 continue

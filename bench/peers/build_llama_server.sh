@@ -3,8 +3,8 @@
 # which bench/make_gguf.py uses to make Q4_K_M / Q6_K / Q8_0 files of real shapes) from the llama.cpp
 # source that the llama-cpp-python sdist on PyPI carries, into bench/peers/llama.cpp/. About 5
 # minutes on 2 cores.
-# AMX is left out unless LLAMA_CPP_AMX=1: its code paths died with an illegal instruction on the
-# first Xeon this ran on (AMX in its flags, not enabled); they ran on a later AMX Xeon.
+# AMX is left out unless LLAMA_CPP_AMX=1: on both AMX Xeons tried here, llama-server built with it
+# died at start (an illegal instruction on the first, a segfault in its thread pool on the second).
 set -euo pipefail
 PIN="${LLAMA_CPP_PYTHON_PIN:-llama-cpp-python==0.3.36}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
