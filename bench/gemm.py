@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from compare import machine  # noqa: E402  (bench/, beside this script)
 from radixserve.runtime.models.linear import BlockLinear  # noqa: E402
 from radixserve.runtime.models.loader import load_model_files  # noqa: E402
-from radixserve.runtime.models.quant import BlockTensor  # noqa: E402,F401
+from radixserve.runtime.models.quant import BlockTensor  # noqa: E402
 from radixserve.runtime.platform import get_platform  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gemm.json"

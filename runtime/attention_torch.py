@@ -100,7 +100,7 @@ class DecodePath(Protocol):
 
 class TorchExtends:
     """Extend segments: those after the same cached whole pages scored in one call, SDPA for the rest
-    (all of them for a model with sliding-window layers, whose masks the scored call does not take)."""
+    (all of them for a model with sliding windows or attention sinks, which the scored call does not take)."""
 
     def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, window: Optional[int] = None,
                  share: bool = True):
@@ -170,7 +170,7 @@ class TorchExtends:
 
 class TorchDecodes:
     """Decodes in one batched torch call; the K/V of shared prefixes may stay gathered across steps
-    (not with sliding-window layers: their masks start where each request's window does)."""
+    (not with sliding windows, whose masks start where each request's window does, nor sinks)."""
 
     def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, window: Optional[int] = None,
                  share: bool = True):
