@@ -76,7 +76,8 @@ class TorchDecodeMetadata:
     bias: torch.Tensor                      # [num_decode, 1, 1, L] float32: 0 = attend, -inf = not
     value_bags: torch.Tensor                # value_bags(kv_rows), the same for every layer
     shared: Optional[SharedPrefixes]        # cached prefixes that groups of decodes share
-    window_bias: Optional[torch.Tensor] = None   # `bias` less what falls out of the sliding window
+    # the sliding-window layers' own (kv_rows, bias, value_bags): only the pages the window reaches
+    window: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
 
 @dataclass
@@ -196,21 +197,26 @@ class TorchDecodes:
         shared = self._shared_prefixes(decodes, groups) if groups else None
         if shared is None:
             self._kept_prefixes = None
-        window_bias = None
-        if self.window is not None:
-            lens = torch.tensor([d.context_len for d in decodes], device=self.device)
-            positions = torch.arange(bias.shape[-1], device=self.device)
-            window_bias = bias.masked_fill((positions < (lens - self.window).unsqueeze(1))[:, None, None, :],
-                                           float("-inf"))
-        return TorchDecodeMetadata(kv_rows, bias, value_bags(kv_rows, self.query_group), shared, window_bias)
+        window = self._window_rows(decodes) if self.window is not None else None
+        return TorchDecodeMetadata(kv_rows, bias, value_bags(kv_rows, self.query_group), shared, window)
 
     def forward(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: TorchDecodeMetadata, window: Optional[int] = None,
                 sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         assert window in (None, self.window), "one sliding window size per model"
-        bias = meta.bias if window is None else meta.window_bias
-        return decode_attention(q, k_cache, v_cache, meta.kv_rows, bias, self.scale, meta.shared,
-                                meta.value_bags, layer, sinks)
+        rows, bias, bags = (meta.kv_rows, meta.bias, meta.value_bags) if window is None else meta.window
+        return decode_attention(q, k_cache, v_cache, rows, bias, self.scale, meta.shared, bags, layer, sinks)
+
+    def _window_rows(self, decodes: list[DecodeSeq]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each decode's last `window` positions: its pages from the one the window starts on (a
+        long context reads a window's worth, not all of it), masked before the window's start."""
+        p, dev = self.page_size, self.device
+        starts = [max(0, d.context_len - self.window) for d in decodes]
+        skip = [start // p for start in starts]
+        rows, bias = self._decode_rows(decodes, skip)
+        before = torch.tensor([start - n * p for start, n in zip(starts, skip)], device=dev)
+        outside = torch.arange(bias.shape[-1], device=dev) < before.unsqueeze(1)
+        return rows, bias.masked_fill(outside[:, None, None, :], float("-inf")), value_bags(rows, self.query_group)
 
     def _decode_rows(self, decodes: list[DecodeSeq], shared_pages: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """kv_rows and attention bias of each decode's context past its first `shared_pages` pages."""
