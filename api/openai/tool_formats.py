@@ -25,6 +25,9 @@ class ToolFormat:
     separator: str                  # between calls of one block, when not an array (Llama 3: ";")
     instruction: str                # for templates that do not render tools; {tools}: one JSON per line
     markers: tuple[str, ...] = ()   # the markup's own tokens: decoded for the parser where they are special
+    block_per_call: bool = False    # each call in a block of its own (Hermes), not all in one
+    result_wrap: tuple[str, str] = ("", "")   # around a tool's result, for templates without tool support
+    channels: bool = False          # harmony: every reply is channelled messages (reasoning apart), tools or not
 
     def call_object(self, name: str, arguments: Any) -> str:
         return json.dumps({"name": name, self.args_key: arguments}, ensure_ascii=False)
@@ -32,7 +35,7 @@ class ToolFormat:
     def render_calls(self, calls: list[tuple[str, Any]]) -> str:
         """An earlier turn's calls, as this format writes them (and as `auto`'s grammar spells them)."""
         objects = [self.call_object(name, args) for name, args in calls]
-        if self.name == "hermes":   # one tag pair per call
+        if self.block_per_call:
             return "\n".join(f"{self.begin}{o}{self.end}" for o in objects)
         body = f"[{', '.join(objects)}]" if self.array else f"{self.separator} ".join(objects)
         return f"{self.begin}{body}{self.end}"
@@ -51,7 +54,7 @@ class ToolFormat:
 
     def result_message(self, content: str) -> str:
         """A tool's result, as the message content a template without tool support gets."""
-        return f"<tool_response>\n{content}\n</tool_response>" if self.name == "hermes" else content
+        return f"{self.result_wrap[0]}{content}{self.result_wrap[1]}"
 
 
 def _instruction(spelling: str) -> str:
@@ -91,7 +94,8 @@ FORMATS = {
         "about what values to plug into functions. Here are the available tools: <tools>\n{tools}\n</tools>\n"
         "For each function call return a json object with function name and arguments within "
         "<tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
-        '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>', ("<tool_call>", "</tool_call>")),
+        '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>', ("<tool_call>", "</tool_call>"),
+        block_per_call=True, result_wrap=("<tool_response>\n", "\n</tool_response>")),
     # Llama 3.x: a bare JSON object per call (3.1's <|python_tag|> before it is read too), ";" between
     "llama3_json": ToolFormat(
         "llama3_json", "parameters", "", "", False, ";",
@@ -111,7 +115,8 @@ FORMATS = {
         _instruction('<|channel|>commentary to=functions.<function-name> <|constrain|>json<|message|>'
                      '<args-json-object><|call|> per call. Think on <|channel|>analysis<|message|>...<|end|> '
                      'first if you need to, and answer on <|channel|>final<|message|>.'),
-        ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")),
+        ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>"),
+        channels=True),
 }
 # a marker some templates put before a Llama 3 call; read as the call's start, never as content
 LLAMA_PYTHON_TAG = "<|python_tag|>"

@@ -101,11 +101,11 @@ class ToolPlan:
     @property
     def reads_markup(self) -> bool:
         """Whether this plan's parser reads the format's markup (the decoded text must keep it)."""
-        return self.mode == "auto" or (self.format.name == "harmony" and self.mode != "required")
+        return self.mode == "auto" or (self.format.channels and self.mode != "required")
 
     def new_parser(self) -> Optional["ToolCallParser"]:
         names = {t.function.name for t in self.tools}
-        if self.format.name == "harmony" and self.mode != "required":
+        if self.format.channels and self.mode != "required":
             from radixserve.api.openai.harmony import HarmonyParser
             return HarmonyParser(names if self.mode == "auto" else set())   # reasoning, tools or not
         if self.mode == "auto":
