@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from compare import machine  # noqa: E402  (bench/, beside this script)
+from decode_floor import median_s  # noqa: E402
 from radixserve.runtime.models.linear import BlockLinear  # noqa: E402
 from radixserve.runtime.models.loader import load_model_files  # noqa: E402
 from radixserve.runtime.models.quant import BlockTensor  # noqa: E402
@@ -44,16 +45,6 @@ def made_matrix(kind: str, rows: int, cols: int) -> BlockTensor:
     from tests.kquants import quantized
 
     return quantized(kind, np.random.default_rng(0).normal(0, 0.02, (rows, cols)).astype(np.float32))
-
-
-def timed(f, repeats: int) -> float:
-    f()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def prefill_times(model, lengths: list[int], repeats: int) -> dict:
@@ -110,8 +101,8 @@ def main() -> None:
         rows = {}
         for n in args.rows:
             x = torch.randn(n, w.cols)
-            blocks = timed(lambda: kernels.block_linear(x, lin.matrix), args.repeats)
-            panels = timed(lambda: lin._bf16_panels(x), args.repeats)
+            blocks = median_s(lambda: kernels.block_linear(x, lin.matrix), args.repeats, warmup=1)
+            panels = median_s(lambda: lin._bf16_panels(x), args.repeats, warmup=1)
             flop = 2 * w.rows * w.cols * n
             rows[n] = {"block_kernels_gflops": round(flop / blocks / 1e9, 1), "bf16_panels_gflops": round(flop / panels / 1e9, 1),
                        "panels_speedup": round(blocks / panels, 2)}

@@ -16,7 +16,7 @@ import re
 import uuid
 
 from radixserve.api.openai.tools import (ArgumentsDelta, CallDone, CallStarted, ParserEvent, ReasoningDelta,
-                                         ToolCall, ToolCallParser, _partial_suffix)
+                                         ToolCall, ToolCallParser, partial_suffix)
 
 log = logging.getLogger("radixserve.api")
 
@@ -64,7 +64,7 @@ class HarmonyParser(ToolCallParser):
             else:  # body
                 found = [(i, m) for m in ENDS if (i := self._buffer.find(m)) >= 0]
                 if not found:
-                    keep = max(_partial_suffix(self._buffer, m) for m in ENDS)
+                    keep = max(partial_suffix(self._buffer, m) for m in ENDS)
                     events += self._body(self._buffer[:len(self._buffer) - keep])
                     self._buffer = self._buffer[len(self._buffer) - keep:]
                     return events

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Union
 
 from radixserve.api.errors import bad_request
 from radixserve.api.openai.protocol import ToolDefinition
-from radixserve.api.openai.tool_formats import FORMATS, LLAMA_PYTHON_TAG, ToolFormat
+from radixserve.api.openai.tool_formats import FORMATS, ToolFormat
 from radixserve.grammar.spec import GrammarSpec
 
 log = logging.getLogger("radixserve.api")
@@ -311,7 +311,8 @@ class MarkupToolCallParser(ToolCallParser):
         super().__init__(allowed)
         self.fmt = fmt
         self._head = _call_head(fmt.args_key)
-        self._markers = [m for m in (fmt.begin.strip(), LLAMA_PYTHON_TAG if fmt.name == "llama3_json" else "") if m]
+        # what opens a block: its begin marker, or for bare call objects (Llama 3) the markup that may precede one
+        self._markers = [fmt.begin.strip()] if fmt.begin else list(fmt.markers)
         self._end = fmt.end.strip()
         self._buffer = ""
         self._state = "text"
@@ -424,7 +425,7 @@ class MarkupToolCallParser(ToolCallParser):
 
     def _held(self) -> int:
         """How much of the buffer's end may still become a block's start."""
-        keep = max((_partial_suffix(self._buffer, m) for m in self._markers), default=0)
+        keep = max((partial_suffix(self._buffer, m) for m in self._markers), default=0)
         brace = self._buffer.rfind("{")
         if not self.fmt.begin and brace >= 0:
             after = self._buffer[brace + 1:].lstrip()
@@ -536,7 +537,7 @@ class WholeOutputToolCallParser(ToolCallParser):
         return events
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
         if marker.startswith(text[-n:]):
