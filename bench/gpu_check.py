@@ -3,11 +3,15 @@
     python bench/gpu_check.py                          # CUDA, every section; < 8 minutes on one H100/H200
     python bench/gpu_check.py --sections engine        # only the engine end to end
     python bench/gpu_check.py --device cpu             # the engine section CPU-vs-CPU: a self-test
+    python bench/gpu_check.py --sections engine --model .gpu/model --random-weights
+                                                       # the default model's shape, random weights
+                                                       # (bench/gpu_run.sh on a machine without it)
     python bench/gpu_check.py --cpu-smoke --sections kernels,roofline,throughput
                                                        # tiny shapes, Triton interpreter: code paths only
 
 Prints a table per section and a summary of every check, writes a JSON report (--json; default
-bench/results/gpu_check.json on CUDA, on the CPU only when given), exits 1 if any check failed.
+bench/results/gpu_check.json on CUDA, on the CPU only when given; rewritten after every check, so
+a run killed by a time limit keeps what it finished), exits 1 if any check failed.
 Sections (--sections names in brackets):
 1. [kernels] each Triton kernel against its torch reference on realistic shapes (relative L2 error);
 2. [roofline] decode attention time against the memory roofline: K/V bytes read / the bandwidth of
@@ -16,8 +20,9 @@ Sections (--sections names in brackets):
    1/16/64/256 with CUDA graphs on and off (model forward + greedy argmax + host sync per step, as
    the engine does; no scheduler), and transformers' generate on the same shapes as the baseline;
 4. [throughput] prefill tokens/s at 2k-token prompts, with and without a 1.5k-token cached prefix;
-5. [engine] the real Engine on the default model (SmolLM2-135M) on the device, a CPU engine beside
-   it as the reference: fp32 greedy batch == CPU; seeded sampling (top-p/k, min-p, penalties,
+5. [engine] the real Engine on the default model (SmolLM2-135M; --model another, --random-weights
+   for a skeleton without weights) on the device, a CPU engine beside it as the reference: fp32
+   greedy batch == CPU; top-20 logprobs == CPU within 1e-3 along equal prefixes; seeded sampling (top-p/k, min-p, penalties,
    logprobs) repeats alone and in a batch, and against the CPU; JSON-schema outputs validate and
    greedy == CPU; a prefix-cache hit == CPU; chunked prefill == unchunked == CPU; CUDA graphs ==
    eager; the OpenAI server (uvicorn on loopback, the official client): chat, streamed chat,
@@ -354,6 +359,9 @@ JSON_QUESTION = "Plan a short rail trip. Reply with JSON: city, days, traveller 
 # A greedy token flips between two fp32 implementations only where its top two candidates are
 # (nearly) tied: see compare_greedy.
 NEAR_TIE_NATS = 0.02
+# fp32 on the device against fp32 on the CPU: summation order moves a logprob by ~1e-5; TF32 or a
+# wrong kernel by far more than this
+TOP_LOGPROBS, LOGPROB_TOLERANCE = 20, 1e-3
 
 
 class EngineRig:
@@ -368,7 +376,7 @@ class EngineRig:
         self.checks: list[dict] = []
         self.figures: dict = {}
         self.prompts = [self.chat(SYSTEM, q) for q in (QUESTIONS * 4)[:budget["prompts"]]]
-        self._greedy: dict[str, list[list[int]]] = {}
+        self._greedy: dict[str, list] = {}
         self.server_reply = (None, None, None)  # the unstreamed chat reply: text, finish_reason, tokens
 
     def chat(self, system: str, question: str) -> list[int]:
@@ -402,8 +410,14 @@ class EngineRig:
 
     def greedy(self, name: str, engine) -> list[list[int]]:
         """The batched greedy tokens of every prompt on `engine` (once per engine)."""
+        return tokens(self.greedy_results(name, engine))
+
+    def greedy_results(self, name: str, engine) -> list:
+        """The batched greedy results of every prompt on `engine`, with their top-20 logprobs (once
+        per engine)."""
         if name not in self._greedy:
-            self._greedy[name] = tokens(engine.generate(self.prompts, greedy_params(self.b["greedy_tokens"])))
+            self._greedy[name] = engine.generate(self.prompts, greedy_params(self.b["greedy_tokens"],
+                                                                             logprobs=TOP_LOGPROBS))
         return self._greedy[name]
 
     def record(self, check: str, ok: bool, **detail) -> None:
@@ -490,10 +504,49 @@ def compare_greedy(got: list[list[int]], want: list[list[int]], prompts: list[li
     return ok, dict(exact=f"{exact}/{len(got)}", differences=diffs)
 
 
+def degenerate(outputs: list[list[int]]) -> bool:
+    """Greedy text that compares nothing: every prompt continued alike, or mostly by repeating a
+    token (random weights at std 0.02 give ~1 distinct token in 12; at 0.08, 12 in 12)."""
+    if not outputs or not all(outputs):
+        return False
+    repeats = sum(len(set(t)) / len(t) for t in outputs) / len(outputs) < 0.5
+    return repeats or (len(outputs) > 1 and len({tuple(t) for t in outputs}) == 1)
+
+
 def check_greedy_vs_cpu(rig: EngineRig) -> None:
     got, want = rig.greedy("dev", rig.dev()), rig.greedy("ref", rig.ref())
     ok, detail = compare_greedy(got, want, rig.prompts, rig.ref())
-    rig.record("greedy fp32 batch == cpu", ok, tokens=rig.b["greedy_tokens"], **detail)
+    rig.record("greedy fp32 batch == cpu", ok and not degenerate(want), tokens=rig.b["greedy_tokens"],
+               degenerate=degenerate(want), **detail)
+
+
+def logprob_deltas(got, want) -> tuple[float, int, int]:
+    """Along the positions where two greedy results of one prompt have seen the same context (up to
+    and including their first differing token): the largest |difference| of the logprob of any token
+    in both top-k lists, the positions compared and the fewest ids the two lists share."""
+    k = first_difference(got.token_ids, want.token_ids)
+    n = min(len(got.logprobs), len(want.logprobs))
+    worst, fewest = 0.0, TOP_LOGPROBS
+    positions = n if k is None else min(n, k + 1)
+    for a, b in zip(got.logprobs[:positions], want.logprobs[:positions]):
+        top_a, top_b = dict(a.top), dict(b.top)
+        shared = top_a.keys() & top_b.keys()
+        fewest = min(fewest, len(shared))
+        worst = max([worst] + [abs(top_a[t] - top_b[t]) for t in shared])
+    return worst, positions, fewest
+
+
+def check_logprob_continuity(rig: EngineRig) -> None:
+    """A continuous measure beside the greedy token comparison: the same fp32 weights on the device
+    and the CPU give the same log-probabilities, to summation order, wherever the context is equal."""
+    got, want = rig.greedy_results("dev", rig.dev()), rig.greedy_results("ref", rig.ref())
+    per_prompt = [logprob_deltas(a, b) for a, b in zip(got, want)]
+    worst = max(d for d, _, _ in per_prompt)
+    fewest = min(f for _, _, f in per_prompt)
+    # a near tie at the 20th place swaps an id or two in and out; more means different distributions
+    ok = worst <= LOGPROB_TOLERANCE and fewest >= TOP_LOGPROBS - 3
+    rig.record(f"top-{TOP_LOGPROBS} logprobs along equal prefixes == cpu", ok, max_abs_delta=worst,
+               tolerance=LOGPROB_TOLERANCE, positions=sum(p for _, p, _ in per_prompt), fewest_shared_ids=fewest)
 
 
 def logprobs_problems(result, k: int) -> list[str]:
@@ -769,28 +822,49 @@ def measure_engine_figures(rig: EngineRig) -> None:
             rig.close(dtype)
 
 
-ENGINE_CHECKS = [("greedy fp32 batch == cpu", check_greedy_vs_cpu), ("sampling", check_sampling),
+ENGINE_CHECKS = [("greedy fp32 batch == cpu", check_greedy_vs_cpu), ("logprobs == cpu", check_logprob_continuity),
+                 ("sampling", check_sampling),
                  ("json_schema", check_json_schema), ("prefix hit", check_prefix_hit),
                  ("chunked prefill", check_chunked_prefill), ("cuda graphs", check_cuda_graphs),
                  ("server", check_server), ("figures", measure_engine_figures)]
 
 
-def check_engine(device: str, budget: str) -> dict:
-    """Run every engine check; one that raises is recorded as failed and the rest still run."""
-    from radixserve.runtime.models.loader import load_model_files
+def engine_model_files(model: Optional[str], random: bool, std: float):
+    """The model under test: a GGUF file or model directory (None: the embedded default model),
+    with its own weights or, for a config-and-tokenizer skeleton such as .gpu/model, random ones."""
+    import dataclasses
 
+    from radixserve.runtime.models.loader import load_model_files
+    from radixserve.runtime.models.random_init import random_weights
+
+    files = load_model_files(model, weights=not random)
+    if random:
+        files = dataclasses.replace(files, weights=random_weights(files.config, torch.float32, seed=0, std=std))
+    return files
+
+
+def check_engine(device: str, budget: str, files, progress=None) -> dict:
+    """Run every engine check; one that raises is recorded as failed and the rest still run.
+    `progress(results so far)` is called after each check."""
     t0 = time.perf_counter()
-    rig = EngineRig(device, ENGINE_BUDGETS[budget], load_model_files(None))
-    rig.figures["model_load_s"] = round(time.perf_counter() - t0, 2)
+    rig = EngineRig(device, ENGINE_BUDGETS[budget], files)
+
+    def results() -> dict:
+        return dict(device=device, budget=budget, model=files.name, checks=rig.checks, figures=rig.figures,
+                    seconds=round(time.perf_counter() - t0, 1))
     try:
         for name, check in ENGINE_CHECKS:
             rig.run_check(name, lambda: check(rig))
-        # the fp32 comparisons assume true fp32 matmuls (TF32 moves CUDA logits by ~1e-3 relative)
+            if progress is not None:
+                progress(results())
+        # the fp32 comparisons assume true fp32 matmuls (TF32 moves CUDA logits by ~1e-3 relative):
+        # the settings the engine left, as the checks ran
         rig.figures["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+        rig.figures["allow_tf32"] = dict(matmul=torch.backends.cuda.matmul.allow_tf32,
+                                         cudnn=torch.backends.cudnn.allow_tf32)
     finally:
         rig.shutdown()
-    return dict(device=device, budget=budget, checks=rig.checks, figures=rig.figures,
-                seconds=round(time.perf_counter() - t0, 1))
+    return results()
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -845,7 +919,7 @@ def run_throughput(s: dict, device, args, results: dict) -> None:
     print(table("4. prefill", results["prefill"]), flush=True)
 
 
-def run_kernel_sections(sections: list[str], s: dict, device, args, results: dict, checks: list[dict]) -> None:
+def run_kernel_sections(sections: list[str], s: dict, device, args, results: dict, checks: list[dict], save) -> None:
     def kernels():
         results["kernels"] = check_kernels(s, device)
         checks.extend(kernel_checks(results["kernels"], s["dtype"]))
@@ -863,6 +937,7 @@ def run_kernel_sections(sections: list[str], s: dict, device, args, results: dic
                 checks.append(dict(section=name, check="imports", ok=False, error=missing))
             elif name in sections:
                 run_section(name, checks, fn)
+                save()
 
 
 def summary(checks: list[dict]) -> str:
@@ -888,6 +963,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--json", "--out", dest="json", default=None,
                     help="results JSON (default bench/results/gpu_check.json on CUDA; on the CPU only when given)")
     ap.add_argument("--skip-transformers", action="store_true", help="no transformers baseline in throughput")
+    ap.add_argument("--model", default=None,
+                    help="engine section: a GGUF file or model directory (default: the embedded model)")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="engine section: random weights of the model's shape (a config-and-tokenizer "
+                         "skeleton such as .gpu/model needs them)")
+    ap.add_argument("--weight-std", type=float, default=0.08,
+                    help="their scale: at 0.02 greedy decoding collapses to one repeated token on every "
+                         "prompt, and nothing is compared; 0.08 keeps it diverse and context-dependent")
     args = ap.parse_args(argv)
     args.device = "cpu" if args.cpu_smoke else (args.device or "cuda")
     if args.sections is None:
@@ -925,13 +1008,34 @@ def main(argv=None) -> int:
     if kernel_sections:
         results.update(model=vars(s["model"]) | {}, dtype=str(s["dtype"]))
     checks: list[dict] = []
-    run_kernel_sections(kernel_sections, s, device, args, results, checks)
+    finished = False
+    out = args.json or (str(Path(__file__).with_name("results") / "gpu_check.json") if args.device == "cuda" else None)
+
+    def save() -> None:
+        """The report so far: a run killed by its time limit keeps what it finished."""
+        if out:
+            engine_checks = results.get("engine", {}).get("checks", [])  # in `checks` once it is done
+            results.update(checks=checks, all_passed=all(c["ok"] for c in checks + engine_checks),
+                           complete=finished, seconds=time.perf_counter() - t0)
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(json.dumps(results, indent=1, default=str))
+
+    run_kernel_sections(kernel_sections, s, device, args, results, checks, save)
     if "engine" in args.sections:
         def engine():
-            results["engine"] = check_engine(args.device, args.budget)
-            checks.extend(results["engine"]["checks"])
+            t_load = time.perf_counter()
+            files = engine_model_files(args.model, args.random_weights, args.weight_std)
+            load_s = round(time.perf_counter() - t_load, 2)
+
+            def progress(part: dict) -> None:
+                results["engine"] = part | dict(random_weights=args.random_weights)
+                save()
+            done = check_engine(args.device, args.budget, files, progress)
+            done["figures"]["model_load_s"] = load_s
+            progress(done)
+            checks.extend(done["checks"])
             print(table("engine figures", [dict(figure=k, value=json.dumps(v)) for k, v in
-                                              results["engine"]["figures"].items()]), flush=True)
+                                              done["figures"].items()]), flush=True)
         run_section("engine", checks, engine)
     results["checks"] = checks
     results["all_passed"] = all(c["ok"] for c in checks)
@@ -939,10 +1043,9 @@ def main(argv=None) -> int:
     print(summary(checks))
     failed = sum(not c["ok"] for c in checks)
     print(f"{len(checks) - failed}/{len(checks)} checks passed; total {results['seconds']:.0f} s")
-    out = args.json or (str(Path(__file__).with_name("results") / "gpu_check.json") if args.device == "cuda" else None)
+    finished = True
+    save()
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=1, default=str))
         print(f"wrote {out}")
     return 1 if failed else 0
 
