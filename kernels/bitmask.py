@@ -361,7 +361,8 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor,
                                rows: Rows = None,
                                vocab_size: Optional[int] = None, block: int = 2048) -> None:
     """Triton kernel. `bitmask` must already be on the logits' device (copy the filled rows over
-    with non_blocking=True from pinned memory)."""
+    with non_blocking=True from pinned memory), and so should `rows`: a list is uploaded here, and
+    a copy from pageable memory waits for everything queued on the stream."""
     if triton is None:
         raise RuntimeError("triton is not installed")
     n_rows = _check(logits, bitmask, rows)
@@ -375,6 +376,16 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor,
     grid = (n_rows, triton.cdiv(logits.shape[1], block))
     _apply_bitmask_kernel[grid](logits, bitmask, rows_arg, logits.stride(0), bitmask.stride(0),
                                 logits.shape[1], limit, HAS_ROWS=rows is not None, BLOCK=block)
+
+
+def compile_variants() -> list:
+    """The kernel's specialisations as the engine launches it (float32 logits), for compiling ahead
+    of time (kernels/triton_attention.py: KernelVariant)."""
+    from radixserve.kernels.triton_attention import KernelVariant
+    signature = dict(logits_ptr="*fp32", bitmask_ptr="*i32", rows_ptr="*i64", logits_row_stride="i32",
+                     bitmask_row_stride="i32", n_cols="i32", limit="i32")
+    return [KernelVariant(f"bitmask apply, rows {has_rows}", _apply_bitmask_kernel, signature,
+                          dict(HAS_ROWS=has_rows, BLOCK=2048)) for has_rows in (True, False)]
 
 
 # ---- dispatch --------------------------------------------------------------------------------

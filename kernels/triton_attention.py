@@ -12,6 +12,7 @@ table entries and the padding page's contents do not matter here.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -25,6 +26,54 @@ except ImportError:  # CPU-only installs: the torch backend serves every device
 
 def _pow2(n: int, least: int = 1) -> int:
     return max(least, 1 << (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """A kernel's launch shape."""
+    block_m: int      # query rows per program (extend); query heads per program (decode: the group, padded)
+    block_n: int      # context positions per loop iteration
+    num_warps: int
+    num_stages: int   # software pipelining of the loop's loads
+
+
+# The largest tiles that compile for sm_90 without register spills, per (cache dtype, head dim
+# padded to a power of two): tests/test_triton_sm90.py compiles every entry with ptxas and holds
+# it to that. fp32 dots run as exact FMAs ("ieee"), not on tensor cores, and hold whole tiles in
+# registers: hence their small tiles (the default 64 x 64 at 4 warps spilled 10.9 KB a thread).
+HEAD_DIMS = (64, 128, 256)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_EXTEND_TILES = {
+    (torch.float32, 64): Tiles(32, 32, 8, 2), (torch.float32, 128): Tiles(16, 32, 4, 2),
+    (torch.float32, 256): Tiles(16, 32, 8, 2),
+    (torch.bfloat16, 64): Tiles(128, 64, 8, 2), (torch.bfloat16, 128): Tiles(64, 32, 8, 2),
+    (torch.bfloat16, 256): Tiles(16, 32, 8, 2),
+    (torch.float16, 64): Tiles(128, 64, 8, 2), (torch.float16, 128): Tiles(64, 32, 8, 2),
+    (torch.float16, 256): Tiles(16, 32, 8, 2),
+}
+_DECODE_TILES = {
+    (torch.float32, 64): Tiles(16, 64, 4, 2), (torch.float32, 128): Tiles(16, 32, 4, 1),
+    (torch.float32, 256): Tiles(16, 32, 8, 2),
+    (torch.bfloat16, 64): Tiles(16, 64, 8, 2), (torch.bfloat16, 128): Tiles(16, 64, 8, 2),
+    (torch.bfloat16, 256): Tiles(16, 32, 8, 2),
+    (torch.float16, 64): Tiles(16, 64, 8, 2), (torch.float16, 128): Tiles(16, 64, 8, 2),
+    (torch.float16, 256): Tiles(16, 32, 8, 2),
+}
+
+
+def _tiles(table: dict, dtype: torch.dtype, dim: int) -> Tiles:
+    # smaller head dims take the 64 entry (fewer registers); larger ones the 256 entry (correct,
+    # though it may spill)
+    key = min(max(64, _pow2(dim)), 256)
+    return table.get((dtype, key)) or table[(torch.float32, key)]
+
+
+def extend_tiles(dtype: torch.dtype, dim: int) -> Tiles:
+    return _tiles(_EXTEND_TILES, dtype, dim)
+
+
+def decode_tiles(dtype: torch.dtype, dim: int) -> Tiles:
+    return _tiles(_DECODE_TILES, dtype, dim)
 
 
 def _dot_precision(dtype: torch.dtype) -> Optional[str]:
@@ -216,7 +265,7 @@ def num_decode_splits(batch: int, kv_heads: int, max_len: int, num_sms: int = 13
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             page_table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, scale: float,
                             num_splits: int, out: Optional[torch.Tensor] = None,
-                            block_n: int = 64) -> torch.Tensor:
+                            block_n: Optional[int] = None) -> torch.Tensor:
     """One query token per request (flash-decoding: `num_splits` partial passes, then a reduction).
 
     q: [B, heads, dim]; rows: [B] page-table row of each request; lens: [B] context length,
@@ -235,12 +284,14 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     part_out = torch.empty(b, heads, num_splits, dim, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(b, heads, num_splits, dtype=torch.float32, device=q.device)
     block_d = _pow2(dim, 16)
+    tiles = decode_tiles(k_cache.dtype, dim)
     _decode_split_kernel[(b, kv_heads, num_splits)](
         q, k_cache, v_cache, page_table, rows, lens, part_out, part_lse, scale,
         q.stride(0), q.stride(1), page_table.stride(0),
         PAGE_SIZE=page_size, KV_HEADS=kv_heads, GROUP=group, DIM=dim,
-        BLOCK_G=_pow2(group, 16), BLOCK_D=block_d, BLOCK_N=block_n,
-        PRECISION=_dot_precision(q.dtype), UPCAST=_UPCAST_DOT)
+        BLOCK_G=_pow2(group, 16), BLOCK_D=block_d, BLOCK_N=block_n or tiles.block_n,
+        PRECISION=_dot_precision(q.dtype), UPCAST=_UPCAST_DOT, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages)
     _decode_reduce_kernel[(b, heads)](part_out, part_lse, out, out.stride(0), out.stride(1), num_splits,
                                       DIM=dim, BLOCK_S=_pow2(num_splits), BLOCK_D=block_d)
     return out
@@ -248,7 +299,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             page_table: torch.Tensor, meta: torch.Tensor, max_len: int, scale: float,
-                            out: torch.Tensor, block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+                            out: torch.Tensor, block_m: Optional[int] = None,
+                            block_n: Optional[int] = None) -> torch.Tensor:
     """Every extend segment of a batch in one launch.
 
     q: [T, heads, dim] (the whole flat batch); meta: int64 [4, S] rows start (first row of the
@@ -264,10 +316,65 @@ def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if num_segments == 0 or max_len == 0:
         return out
     assert q.stride(2) == 1 and out.stride(2) == 1 and meta.is_contiguous() and page_table.stride(1) == 1
+    tiles = extend_tiles(k_cache.dtype, dim)
+    block_m, block_n = block_m or tiles.block_m, block_n or tiles.block_n
     grid = (num_segments, triton.cdiv(max_len, block_m), heads)
     _extend_kernel[grid](q, k_cache, v_cache, out, page_table, meta, num_segments, scale,
                          q.stride(0), q.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
                          PAGE_SIZE=page_size, KV_HEADS=kv_heads, GROUP=heads // kv_heads, DIM=dim,
                          BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(dim, 16),
-                         PRECISION=_dot_precision(q.dtype), UPCAST=_UPCAST_DOT)
+                         PRECISION=_dot_precision(q.dtype), UPCAST=_UPCAST_DOT, num_warps=tiles.num_warps,
+                         num_stages=tiles.num_stages)
     return out
+
+
+# ---- ahead-of-time compilation -------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelVariant:
+    """One specialisation of a kernel as a launcher here builds it: what compiling it ahead of time
+    for a GPU that is not here needs (tests/test_triton_sm90.py)."""
+    name: str
+    fn: object
+    signature: dict[str, str]     # argument -> Triton type ("*bf16", "i32", "fp32")
+    constexprs: dict[str, object]
+    num_warps: int = 4            # Triton's defaults on CUDA
+    num_stages: int = 3
+
+
+_TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def compile_variants(page_size: int = 16, kv_heads: int = 8, group: int = 4) -> list[KernelVariant]:
+    """Every cache dtype and head dim of HEAD_DIMS, for each kernel, with the launchers' tiles."""
+    variants = []
+    ints = lambda *names: {n: "i32" for n in names}  # noqa: E731
+    for dtype in DTYPES:
+        t = _TRITON_TYPES[dtype]
+        for dim in HEAD_DIMS:
+            common = dict(PAGE_SIZE=page_size, KV_HEADS=kv_heads, GROUP=group, DIM=dim, BLOCK_D=_pow2(dim, 16),
+                          PRECISION=_dot_precision(dtype), UPCAST=False)
+            e = extend_tiles(dtype, dim)
+            variants.append(KernelVariant(
+                f"extend {t} d{dim}", _extend_kernel,
+                dict(q_ptr=f"*{t}", k_cache_ptr=f"*{t}", v_cache_ptr=f"*{t}", out_ptr=f"*{t}", table_ptr="*i64",
+                     meta_ptr="*i64", num_segments="i32", scale="fp32")
+                | ints("q_stride_t", "q_stride_h", "out_stride_t", "out_stride_h", "table_stride"),
+                common | dict(BLOCK_M=e.block_m, BLOCK_N=e.block_n), e.num_warps, e.num_stages))
+            d = decode_tiles(dtype, dim)
+            variants.append(KernelVariant(
+                f"decode split {t} d{dim}", _decode_split_kernel,
+                dict(q_ptr=f"*{t}", k_cache_ptr=f"*{t}", v_cache_ptr=f"*{t}", table_ptr="*i64", rows_ptr="*i64",
+                     lens_ptr="*i64", part_out_ptr="*fp32", part_lse_ptr="*fp32", scale="fp32")
+                | ints("q_stride_b", "q_stride_h", "table_stride"),
+                common | dict(BLOCK_G=_pow2(group, 16), BLOCK_N=d.block_n), d.num_warps, d.num_stages))
+            variants.append(KernelVariant(
+                f"decode reduce {t} d{dim}", _decode_reduce_kernel,
+                dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=f"*{t}")
+                | ints("out_stride_b", "out_stride_h", "num_splits"),
+                dict(DIM=dim, BLOCK_S=32, BLOCK_D=_pow2(dim, 16))))   # 32: num_decode_splits' most
+            variants.append(KernelVariant(
+                f"write kv {t} d{dim}", _write_kv_kernel,
+                dict(k_ptr=f"*{t}", v_ptr=f"*{t}", k_cache_ptr=f"*{t}", v_cache_ptr=f"*{t}", slots_ptr="*i64")
+                | ints("k_stride_t", "k_stride_h", "v_stride_t", "v_stride_h"),
+                dict(KV_HEADS=kv_heads, DIM=dim, BLOCK_H=_pow2(kv_heads), BLOCK_D=_pow2(dim))))
+    return variants

@@ -41,9 +41,7 @@ class TritonGraphHooks:
     def after_capture(self) -> None:
         """Capture wrote dummy K/V into the padding page (replays keep doing so for padding rows; the
         kernels never read it): zeroed, as the KV cache promises, once capture is over."""
-        kv = self.backend.kv
-        kv.k[:, kv.pad_page].zero_()
-        kv.v[:, kv.pad_page].zero_()
+        self.backend.kv.clear_pad_page()
 
 
 class TritonAttentionBackend:

@@ -71,7 +71,7 @@ class Engine:
         self.eos_token_ids = sorted(set(files.config.eos_token_ids) | set(self.tokenizer.eos_token_ids))
         self.structured = StructuredOutput(config.grammar_backend, self.tokenizer, files.config.vocab_size,
                                            self.eos_token_ids, config.max_running_requests,
-                                           config.grammar_compile_timeout, self.platform.pin_host_buffers,
+                                           config.grammar_compile_timeout, self.platform,
                                            any_whitespace=config.grammar_any_whitespace,
                                            jump_forward=config.jump_forward)
         self.live = LiveRequests(config.max_waiting_requests + config.max_running_requests)
@@ -104,7 +104,11 @@ class Engine:
         if not config.disable_cuda_graph:
             runner.use_decode_graphs(config.max_running_requests, mc.max_context_len)
         sampler = Sampler(mc.vocab_size, self.eos_token_ids, seed=config.seed, platform=platform)
-        platform.warm_up_kernels(mc.vocab_size)
+
+        def dummy_step() -> None:
+            runner.warm_up()
+            self.kv_cache.clear_pad_page()
+        platform.warm_up_kernels(mc.vocab_size, dummy_step)
         outputs = OutputProcessor(scheduler, self.structured, self.live, self.eos_token_ids, mc.max_context_len)
         return LoopParts(scheduler, kv, runner, sampler, outputs)
 

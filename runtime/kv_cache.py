@@ -22,6 +22,11 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.pad_page = num_pages
 
+    def clear_pad_page(self) -> None:
+        """Zero the padding page again after dummy tokens (warm-up, graph capture) wrote to it."""
+        self.k[:, self.pad_page].zero_()
+        self.v[:, self.pad_page].zero_()
+
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()

@@ -37,8 +37,18 @@ class ModelRunner:
         if hooks is None or (capture and not self.platform.decode_graphs):
             return False
         self.graphs = DecodeGraphRunner(self.model, self.attention, hooks, max_batch, max_context_len,
-                                        self.pad_page * self.page_size, self.platform.device, capture=capture)
+                                        self.pad_page * self.page_size, self.platform, capture=capture)
         return True
+
+    def warm_up(self) -> None:
+        """One dummy step that launches every attention kernel once (a decode and a one-token
+        extend at position 0 of page-table row 0, written to the padding page; logits dropped).
+        The caller zeroes the padding page after it."""
+        layout = BatchLayout(self.page_size)
+        layout.add_decode(0, 0, 0, [self.pad_page])
+        layout.add_extend([0], 0, 1, 0, [self.pad_page], samples=True)
+        meta = self.attention.prepare(layout)
+        self.model.forward(ForwardBatch.of(layout, meta, self.platform), self.attention)
 
     def layout(self, batch: ScheduledBatch) -> BatchLayout:
         """The flat token rows of a step: decodes first, then each extend segment."""

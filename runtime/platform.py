@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -21,6 +21,47 @@ from radixserve.runtime.models.linear import BlockEmbedding, BlockLinear, CpuLin
 from radixserve.runtime.models.quant import BlockTensor
 
 log = logging.getLogger("radixserve")
+
+
+class HostStaging:
+    """A host buffer that is refilled every step and copied to the device after each fill (the
+    grammar bitmask, the CUDA graphs' static inputs). Fill what `writable()` returns, then
+    `upload`. Here the copy is synchronous (on the CPU there is none: the buffer is the tensor)."""
+
+    def __init__(self, host: torch.Tensor, device: torch.device):
+        self.host, self.device = host, device
+
+    def writable(self) -> torch.Tensor:
+        return self.host
+
+    def upload(self, rows: Optional[int] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The first `rows` rows (all when None) on the device: into `out` when given."""
+        src = self.host if rows is None else self.host[:rows]
+        return src.to(self.device) if out is None else out.copy_(src)
+
+
+class CudaHostStaging(HostStaging):
+    """Pinned, so the copy is asynchronous and overlaps the forward; the next fill then must not
+    start before the copy has read the buffer, whatever else happens to synchronise in between:
+    `writable` waits for the event recorded behind the last copy."""
+
+    def __init__(self, host: torch.Tensor, device: torch.device):
+        super().__init__(host if host.is_pinned() else host.pin_memory(), device)
+        self._copied = torch.cuda.Event()
+        self._in_flight = False
+
+    def writable(self) -> torch.Tensor:
+        if self._in_flight:
+            self._copied.synchronize()
+            self._in_flight = False
+        return self.host
+
+    def upload(self, rows: Optional[int] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        src = self.host if rows is None else self.host[:rows]
+        dst = src.to(self.device, non_blocking=True) if out is None else out.copy_(src, non_blocking=True)
+        self._copied.record()
+        self._in_flight = True
+        return dst
 
 
 class Platform:
@@ -65,8 +106,17 @@ class Platform:
         tensors = [torch.from_numpy(p.dense()) if isinstance(p, BlockTensor) else p for p in parts]
         return (tensors[0] if len(tensors) == 1 else torch.cat(tensors)).to(self.device, dtype)
 
-    def warm_up_kernels(self, vocab_size: int) -> None:
-        """Compile what the first step would otherwise stall on."""
+    def warm_up_kernels(self, vocab_size: int, forward: Callable[[], None]) -> None:
+        """Compile what the first step would otherwise stall on; `forward` runs a dummy step of the
+        model (every attention kernel of a mixed batch), where compiling happens at the first launch."""
+
+    def staging(self, host: torch.Tensor) -> HostStaging:
+        """`host`, as a buffer refilled and copied to the device every step (see HostStaging)."""
+        return HostStaging(host, self.device)
+
+    def row_index(self, rows: list[int]) -> Union[list[int], torch.Tensor]:
+        """Row indices (the grammar mask's) as this device's kernels take them: one upload here."""
+        return self.upload(rows, torch.int64)
 
     def kernels(self):
         """The CPU kernels (kernels/cpu_kernels.py) where this device runs them, else None."""
@@ -89,6 +139,29 @@ class Platform:
 class CudaPlatform(Platform):
     pin_host_buffers = True
     decode_graphs = True
+
+    def prepare_process(self) -> None:
+        # float32 means float32: TF32 matmuls move logits by ~1e-3 relative, past the fp32 parity
+        # bench/gpu_check.py holds the engine to (bf16 and fp16 models are unaffected)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def staging(self, host: torch.Tensor) -> HostStaging:
+        return CudaHostStaging(host, self.device)
+
+    def warm_up_kernels(self, vocab_size: int, forward: Callable[[], None]) -> None:
+        # Triton compiles a kernel at its first launch (seconds each, cached on disk after): here,
+        # not inside the first requests' steps. The bitmask kernel as the engine calls it (rows given)
+        from radixserve.kernels import triton_attention
+        from radixserve.kernels.bitmask import apply_token_bitmask_
+        t0 = time.perf_counter()
+        logits = torch.zeros(1, vocab_size, dtype=torch.float32, device=self.device)
+        words = torch.full((1, (vocab_size + 31) // 32), -1, dtype=torch.int32, device=self.device)
+        apply_token_bitmask_(logits, words, self.row_index([0]), vocab_size)
+        if triton_attention.triton is not None:
+            forward()
+        torch.cuda.synchronize(self.device)
+        log.info("CUDA kernels warmed up in %.1f s", time.perf_counter() - t0)
 
     def upload(self, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
         # from pageable memory the copy would wait for the stream, i.e. for the forward still queued
@@ -167,8 +240,12 @@ class CpuPlatform(Platform):
             return BlockEmbedding(weight, kernels)
         return super().embedding(weight, dtype)
 
-    def warm_up_kernels(self, vocab_size: int) -> None:
-        # the token-bitmask kernel compiles on the engine thread, whose OpenMP team it then uses
+    def row_index(self, rows: list[int]) -> Union[list[int], torch.Tensor]:
+        return rows   # the compiled mask takes a list: no tensor to build and read back
+
+    def warm_up_kernels(self, vocab_size: int, forward: Callable[[], None]) -> None:
+        # the token-bitmask kernel compiles on the engine thread, whose OpenMP team it then uses;
+        # the attention and linear kernels are built at load (kernels/cpu_kernels.py)
         from radixserve.kernels.bitmask import warm_up_compiled_bitmask
         t0 = time.perf_counter()
         compiled = warm_up_compiled_bitmask(vocab_size)

@@ -167,6 +167,20 @@ class _Step:
     raw_logprobs: Optional[torch.Tensor] = None
 
 
+def read_back(out: SampledTensors) -> tuple[list[int], list[float], list[list[int]], list[list[float]]]:
+    """Tokens, their logprobs and the top ids and logprobs in one device-to-host copy (each a wait
+    for the device): packed as float64, which holds token ids and float32 logprobs exactly."""
+    rows, k = len(out.logprob_rows), out.top_ids.shape[1] if out.top_ids is not None else 0
+    parts = [out.tokens, out.token_logprobs] + ([out.top_ids.flatten(), out.top_logprobs.flatten()] if k else [])
+    flat = torch.cat([p.to(torch.float64) for p in parts]).tolist()
+    n = len(out.tokens)
+    tokens, values = [int(t) for t in flat[:n]], flat[n:n + rows]
+    ids = flat[n + rows:n + rows + rows * k]
+    tops = flat[n + rows + rows * k:]
+    return (tokens, values, [[int(t) for t in ids[j * k:(j + 1) * k]] for j in range(rows)],
+            [tops[j * k:(j + 1) * k] for j in range(rows)])
+
+
 class Sampler:
     def __init__(self, vocab_size: int, eos_token_ids: Sequence[int], seed: int = 0,
                  platform: Optional[Platform] = None):
@@ -182,15 +196,13 @@ class Sampler:
     def sample(self, logits: torch.Tensor, reqs: Sequence[Request]) -> tuple[list[int], list[Optional[TokenLogprob]]]:
         """logits: [len(reqs), >= vocab] (modified in place). Returns a token and optional logprob per row."""
         out = self.sample_tensors(logits, reqs)
-        tokens = out.tokens.tolist()
         logprobs: list[Optional[TokenLogprob]] = [None] * len(reqs)
-        if out.logprob_rows:
-            values = out.token_logprobs.tolist()
-            ids = out.top_ids.tolist() if out.top_ids is not None else None
-            tops = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-            for j, (i, k) in enumerate(zip(out.logprob_rows, out.top_counts)):
-                top = list(zip(ids[j][:k], tops[j][:k])) if k else []
-                logprobs[i] = TokenLogprob(tokens[i], values[j], top)
+        if not out.logprob_rows:
+            return out.tokens.tolist(), logprobs
+        tokens, values, ids, tops = read_back(out)
+        for j, (i, k) in enumerate(zip(out.logprob_rows, out.top_counts)):
+            top = list(zip(ids[j][:k], tops[j][:k])) if k else []
+            logprobs[i] = TokenLogprob(tokens[i], values[j], top)
         return tokens, logprobs
 
     def sample_tensors(self, logits: torch.Tensor, reqs: Sequence[Request]) -> SampledTensors:

@@ -17,6 +17,7 @@ from radixserve.grammar import GrammarBackend, GrammarCompiler, GrammarError, Gr
 from radixserve.grammar.jump_forward import ForcedTokens
 from radixserve.kernels.bitmask import apply_token_bitmask_
 from radixserve.runtime.engine_client import EngineRefusal
+from radixserve.runtime.platform import HostStaging, Platform, get_platform
 from radixserve.runtime.request import Request
 from radixserve.runtime.tokenizer import Tokenizer
 
@@ -36,7 +37,8 @@ class MaskTimings:
 class StructuredOutput:
     def __init__(self, backend_name: str, tokenizer: Tokenizer, model_vocab_size: int,
                  stop_token_ids: Sequence[int], max_rows: int, compile_timeout_s: float,
-                 pin_bitmask: bool = False, any_whitespace: bool = False, jump_forward: bool = True):
+                 platform: Optional[Platform] = None, any_whitespace: bool = False, jump_forward: bool = True):
+        """`platform`: the engine's, which stages the bitmask for its device (the CPU's without one)."""
         self.backend_name = backend_name
         self.any_whitespace = any_whitespace
         self.jump_forward = jump_forward
@@ -46,11 +48,11 @@ class StructuredOutput:
         self._stop_ids = tuple(stop_token_ids)
         self._max_rows = max_rows
         self._timeout = compile_timeout_s
-        self._pin_bitmask = pin_bitmask
+        self._platform = platform or get_platform(torch.device("cpu"))
+        self._staging: Optional[HostStaging] = None
         self._lock = threading.Lock()
         self.backend: Optional[GrammarBackend] = None
         self.compiler: Optional[GrammarCompiler] = None
-        self.bitmask: Optional[torch.Tensor] = None
         self.timings = MaskTimings()
         self.pending: list[Request] = []   # engine thread only: waiting for their grammar
 
@@ -60,7 +62,8 @@ class StructuredOutput:
                 vocab = self._tokenizer.vocab_info(self._vocab_size, extra_stop_ids=self._stop_ids)
                 backend = make_grammar_backend(self.backend_name, vocab, any_whitespace=self.any_whitespace)
                 # one allocation, reused every step
-                self.bitmask = backend.allocate_bitmask(self._max_rows, pin_memory=self._pin_bitmask)
+                self._staging = self._platform.staging(
+                    backend.allocate_bitmask(self._max_rows, pin_memory=self._platform.pin_host_buffers))
                 self.compiler = GrammarCompiler(backend, timeout_s=self._timeout)
                 self._forced = ForcedTokens(lambda text: self._tokenizer.encode(text, add_special_tokens=False),
                                             vocab.token_bytes)
@@ -121,7 +124,7 @@ class StructuredOutput:
         rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
         if rows:
             t0 = time.perf_counter()
-            self.backend.fill_bitmask([reqs[i].matcher for i in rows], self.bitmask, rows)
+            self.backend.fill_bitmask([reqs[i].matcher for i in rows], self._staging.writable(), rows)
             self.timings.fill_s += time.perf_counter() - t0
         return rows
 
@@ -130,7 +133,9 @@ class StructuredOutput:
         if not rows:
             return
         t0 = time.perf_counter()
-        apply_token_bitmask_(logits, self.bitmask, rows, vocab_size=self._vocab_size)
+        # rows ascend: only the bitmask rows up to the last one in use cross to the device
+        bitmask = self._staging.upload(rows[-1] + 1)
+        apply_token_bitmask_(logits, bitmask, self._platform.row_index(rows), vocab_size=self._vocab_size)
         tm = self.timings
         tm.apply_s += time.perf_counter() - t0
         tm.steps += 1

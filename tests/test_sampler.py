@@ -341,3 +341,19 @@ def test_extreme_valid_parameters_draw_the_best_allowed_token(kw):
         tokens, _ = Sampler(V, eos_token_ids=[7]).sample(logits.clone().unsqueeze(0), [r])
         # token 1 is the best open one; a tiny repetition penalty lifts it (seen) to float max
         assert tokens == [1]
+
+
+def test_one_read_back_returns_what_separate_reads_would():
+    """Tokens, their logprobs and the top ids and logprobs cross in one copy (packed as float64):
+    ids past float32's exact range and float32 logprobs come back unchanged."""
+    from radixserve.runtime.sampler import SampledTensors, read_back
+
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.tensor([151_643, 7, 16_777_217, 3])
+    out = SampledTensors(tokens, logprob_rows=[0, 2], top_counts=[3, 0],
+                         token_logprobs=-torch.rand(2, generator=gen), top_logprobs=-torch.rand(2, 3, generator=gen),
+                         top_ids=torch.tensor([[16_777_217, 5, 151_643], [1, 2, 3]]))
+    assert read_back(out) == (tokens.tolist(), out.token_logprobs.tolist(), out.top_ids.tolist(),
+                              out.top_logprobs.tolist())
+    none = SampledTensors(tokens, logprob_rows=[1], top_counts=[0], token_logprobs=torch.tensor([-0.5]))
+    assert read_back(none) == (tokens.tolist(), [-0.5], [[]], [[]])

@@ -2,7 +2,8 @@
 an engine on the Triton attention backend (kernels interpreted on CPU tensors) equal the torch
 backend's, on a tiny random model (GQA 3) with a prefix-cache hit, a chunked prefill and a step
 mixing decodes with extends, at page sizes 16 and 1; and so do decode steps run through the
-CUDA-graph runner's padded static batches (eagerly: no graphs on CPU). Exit 1 on any difference."""
+CUDA-graph runner's padded static batches (eagerly: no graphs on CPU). The Triton engines first run
+the CUDA platform's warm-up step, which must leave no trace. Exit 1 on any difference."""
 from __future__ import annotations
 
 import os
@@ -37,6 +38,9 @@ def run(files: ModelFiles, backend: str, page_size: int, prompts: list[list[int]
         assert (engine.runner.attention.graphs is not None) == (backend == "triton")   # only Triton's has graph hooks
         if padded_decode:  # the CUDA-graph path without the graphs: static batches padded to 1/2/4
             assert engine.runner.use_decode_graphs(4, files.config.max_context_len, capture=False)
+        if backend == "triton":  # CudaPlatform's warm-up: a dummy step launches every kernel, then the pad page is zeroed
+            engine.runner.warm_up()
+            engine.kv_cache.clear_pad_page()
         first = engine.generate([prompts[0]], GREEDY)
         # the second request shares the first's prefix (a cache hit); the third is chunked 16/16/5;
         # three decode together (padded to 4 on the graph path)
