@@ -192,6 +192,22 @@ def check_kernels(s: dict, device) -> list[dict]:
     return rows
 
 
+def check_staging(device) -> dict:
+    """The pinned staging buffer (the grammar bitmask, the graphs' inputs) is refilled right after
+    an asynchronous upload: the refill must wait for the copy, or the device reads the new values."""
+    platform = get_platform(device)
+    staging = platform.staging(torch.ones(64 << 20, dtype=torch.int32))   # 256 MB: a copy that takes a while
+    busy = torch.randn(2048, 2048, device=device)
+    for _ in range(50):   # queue work first, so that the copy waits behind it
+        busy = torch.tanh(busy @ busy)
+    uploaded = staging.upload()
+    staging.writable().fill_(2)
+    torch.cuda.synchronize(device)
+    wrong = int((uploaded != 1).sum())
+    return dict(section="kernels", check="pinned staging: a refill waits for the copy", ok=wrong == 0,
+                wrong_values=wrong)
+
+
 # ---- 2. decode attention vs the memory roofline ------------------------------------------------
 def copy_bandwidth(device, nbytes: int) -> float:
     """Bytes moved (read + written) per second by one large device-to-device copy."""
@@ -276,8 +292,8 @@ def check_decode_throughput(s: dict, device) -> tuple[list[dict], object, object
     kv = KVCache(cfg.num_layers, pages, p, cfg.num_kv_heads, cfg.head_dim, dtype, device)
     table = torch.arange(max_b * per_req, device=device).view(max_b, per_req)
     attn = TritonAttentionBackend(kv, table, cfg.num_heads, get_platform(device))
-    graphs = DecodeGraphRunner(model, attn, attn.graphs, max_b, cfg.max_context_len, kv.pad_page * p, device,
-                               capture=device.type == "cuda")
+    graphs = DecodeGraphRunner(model, attn, attn.graphs, max_b, cfg.max_context_len, kv.pad_page * p,
+                               get_platform(device), capture=device.type == "cuda")
     rows = []
     for b in s["decode_batches"]:
         eager = our_decode(model, attn, kv, table, b, ctx, steps, None)
@@ -333,7 +349,7 @@ def check_prefill(s: dict, model, kv: KVCache, device) -> list[dict]:
 # runs, and is tested, on a machine without a GPU.
 ENGINE_BUDGETS = {
     "full": dict(prompts=8, json_prompts=2, greedy_tokens=32, sampled_tokens=24, json_tokens=48, server_tokens=24,
-                 long_system_repeats=6, chunk=64, kv_tokens=32768, max_running=32, decode_batches=[1, 32],
+                 long_system_repeats=6, chunk=64, kv_tokens=32768, max_running=64, decode_batches=[1, 64],
                  decode_tokens=64, prefill_requests=8, prefill_len=1024, repeats=2,
                  throughput_dtypes=["float32", "bfloat16"]),
     # the CPU self-test: every check once, on as little work as shows it runs
@@ -534,6 +550,30 @@ def logprob_deltas(got, want) -> tuple[float, int, int]:
         fewest = min(fewest, len(shared))
         worst = max([worst] + [abs(top_a[t] - top_b[t]) for t in shared])
     return worst, positions, fewest
+
+
+def check_host_syncs(rig: EngineRig) -> None:
+    """On CUDA: a decode step waits for the device once, reading its tokens back; uploads are
+    pinned and asynchronous. torch's sync debug mode warns at every synchronising call."""
+    if rig.device != "cuda":
+        return   # the CPU has nothing to wait for
+    import warnings
+
+    engine, n = rig.dev(), rig.b["greedy_tokens"]
+    engine.generate(rig.prompts, greedy_params(2))   # prefill shapes warmed
+    steps_before = engine.steps
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:   # the engine thread's warnings too
+            warnings.simplefilter("always")
+            engine.generate(rig.prompts, greedy_params(n))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    steps = engine.steps - steps_before
+    where = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in syncs})
+    rig.record("host syncs: at most one per step", len(syncs) <= steps, syncs=len(syncs), steps=steps,
+               where=where[:8])
 
 
 def check_logprob_continuity(rig: EngineRig) -> None:
@@ -814,19 +854,60 @@ def engine_throughput(rig: EngineRig, engine) -> dict:
     return fig
 
 
+def transformers_model(files, dtype: torch.dtype, device: str):
+    """transformers' own Llama with the engine's weights (None for other families)."""
+    import transformers as tf
+
+    c = files.config
+    if c.model_type != "llama" or c.rope_scaling:
+        return None
+    hf_cfg = tf.LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                            num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, head_dim=c.head_dim,
+                            num_key_value_heads=c.num_kv_heads, max_position_embeddings=c.max_context_len,
+                            rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+                            tie_word_embeddings=c.tie_word_embeddings)
+    with torch.device(device):
+        hf = tf.LlamaForCausalLM(hf_cfg).to(dtype).eval()
+    missing, unexpected = hf.load_state_dict(files.dequantized(), strict=False)
+    missing = [n for n in missing if not (c.tie_word_embeddings and n == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"transformers' Llama and the engine's weights differ: {missing[:3]} {unexpected[:3]}")
+    return hf
+
+
+def transformers_throughput(rig: EngineRig, dtype: str) -> dict:
+    """transformers' generate on the same weights and shapes as engine_throughput (decode only)."""
+    b = rig.b
+    hf = transformers_model(rig.files, getattr(torch, dtype), rig.device)
+    if hf is None:
+        return {}
+    device = torch.device(rig.device)
+    fig = {f"transformers_decode_tok_s_batch{batch}": round(hf_decode(hf, batch, 32, b["decode_tokens"], device), 1)
+           for batch in b["decode_batches"]}
+    del hf
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return fig
+
+
 def measure_engine_figures(rig: EngineRig) -> None:
     for dtype in rig.b["throughput_dtypes"]:
         engine = rig.dev() if dtype == "float32" else rig.dev(dtype, dtype=dtype)
-        rig.figures[f"throughput_{dtype}"] = engine_throughput(rig, engine)
+        fig = rig.figures[f"throughput_{dtype}"] = engine_throughput(rig, engine)
         if dtype != "float32":
             rig.close(dtype)
+        fig.update(transformers_throughput(rig, dtype))
+        for batch in rig.b["decode_batches"]:
+            theirs = fig.get(f"transformers_decode_tok_s_batch{batch}")
+            if theirs:
+                fig[f"decode_vs_transformers_batch{batch}"] = round(fig[f"decode_tok_s_batch{batch}"] / theirs, 2)
 
 
 ENGINE_CHECKS = [("greedy fp32 batch == cpu", check_greedy_vs_cpu), ("logprobs == cpu", check_logprob_continuity),
                  ("sampling", check_sampling),
                  ("json_schema", check_json_schema), ("prefix hit", check_prefix_hit),
                  ("chunked prefill", check_chunked_prefill), ("cuda graphs", check_cuda_graphs),
-                 ("server", check_server), ("figures", measure_engine_figures)]
+                 ("server", check_server), ("host syncs", check_host_syncs), ("figures", measure_engine_figures)]
 
 
 def engine_model_files(model: Optional[str], random: bool, std: float):
@@ -923,6 +1004,8 @@ def run_kernel_sections(sections: list[str], s: dict, device, args, results: dic
     def kernels():
         results["kernels"] = check_kernels(s, device)
         checks.extend(kernel_checks(results["kernels"], s["dtype"]))
+        if device.type == "cuda":   # on the CPU the staging buffer is the tensor: nothing is copied
+            checks.append(check_staging(device))
         print(table("1. kernels vs torch reference (relative L2 error)", results["kernels"]), flush=True)
 
     def roofline():

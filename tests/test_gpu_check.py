@@ -51,7 +51,8 @@ def test_engine_section_passes_cpu_against_cpu_on_the_gpu_bundles_model(tmp_path
     assert results["all_passed"] and results["complete"] and results["sections"] == ["engine"]
     assert [c["check"] for c in results["engine"]["checks"]] == ENGINE_CHECKS
     assert results["engine"]["random_weights"] and results["engine"]["model"] == "model"
-    assert results["engine"]["figures"]["throughput_float32"]["decode_tok_s_batch2"] > 0
+    figures = results["engine"]["figures"]["throughput_float32"]
+    assert figures["decode_tok_s_batch2"] > 0 and figures["decode_vs_transformers_batch2"] > 0
 
 
 def load_script(path: Path = SCRIPT, name: str = "gpu_check_under_test"):
