@@ -29,6 +29,8 @@ if ! $PY -m pip install -q --no-index --no-deps --target "$SITE" .gpu/wheels/*.w
 fi
 ln -s "$PWD" "$SITE/radixserve"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# the CPU reference engine on plain torch: no ~40 s compile of the C++ kernels on device time
+export RADIXSERVE_DISABLE_CPU_KERNELS=1
 log "wheels installed in $SITE"
 
 timeout -k 5 120 $PY - "$OUT/environment.json" <<'EOF' 2>&1 | tee -a "$OUT/run.log" || { log "imports failed: a wheel is missing from .gpu/ (bench/gpu_wheels.txt)"; exit 3; }
