@@ -53,7 +53,11 @@ def test_agent_calls_its_function_tool_then_answers(api):
                                                 max_turns=4))
     assert cities and all(isinstance(c, str) and c for c in cities)
     kinds = [type(item) for item in result.new_items]
-    assert kinds[:2] == [ToolCallItem, ToolCallOutputItem] and kinds[-1] is MessageOutputItem
+    # one call, or several in parallel (the Responses API allows them by default; on the AVX2 EPYC
+    # the model calls get_weather("Paris") twice), each answered by its output, then the answer
+    calls = kinds.count(ToolCallItem)
+    assert calls >= 1 and kinds[:2 * calls] == [ToolCallItem] * calls + [ToolCallOutputItem] * calls
+    assert kinds[-1] is MessageOutputItem
     assert isinstance(result.final_output, str) and result.final_output
     assert all(r.response_id.startswith("resp_") for r in result.raw_responses)  # the Responses path
 
