@@ -121,21 +121,25 @@ if triton is not None:
 
     @triton.jit
     def _online_softmax(s, m_i, l_i, acc, v_cache_ptr, off, kv_ok, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-        """One block of scores `s` into the running max, sum and weighted values (flash attention)."""
+        """One block of scores `s` into the running max, sum and weighted values (flash attention).
+        A row may see nothing in a block yet (a sliding window starts later for it): its running
+        max stays -inf, and the exponents are taken from 0 instead, giving 0, never NaN."""
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_ref)
+        p = tl.exp(s - m_ref[:, None])
         v = tl.load(v_cache_ptr + off, mask=kv_ok, other=0.0)
         return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + _mma(p.to(v.dtype), v, PRECISION, UPCAST)
 
     @triton.jit
     def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, rows_ptr, lens_ptr,
-                             part_out_ptr, part_lse_ptr, scale, q_stride_b, q_stride_h, table_stride,
+                             part_out_ptr, part_lse_ptr, scale, window, q_stride_b, q_stride_h, table_stride,
                              PAGE_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                              DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                              BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         # program (request, kv head, split): every query head of the kv head's group against the
-        # split's share of the context; writes the split's normalised output and its logsumexp
+        # split's share of the context (its last `window` positions where window > 0); writes the
+        # split's normalised output and its logsumexp
         b = tl.program_id(0).to(tl.int64)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -144,8 +148,9 @@ if triton is not None:
         row = tl.load(rows_ptr + b).to(tl.int64)
         # whole blocks per split, so that the split count can stay fixed (CUDA graphs) while the
         # lengths vary: short requests simply leave their last splits empty
-        per_split = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N
-        lo = split * per_split
+        first = tl.where(window > 0, tl.maximum(length - window, 0), 0)
+        per_split = tl.cdiv(tl.cdiv(length - first, num_splits), BLOCK_N) * BLOCK_N
+        lo = first + split * per_split
         hi = tl.minimum(lo + per_split, length)
 
         g = tl.arange(0, BLOCK_G)
@@ -174,9 +179,11 @@ if triton is not None:
         tl.store(part_lse_ptr + base, lse, mask=g_ok)
 
     @triton.jit
-    def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, out_stride_b, out_stride_h, num_splits,
-                              DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-        # program (request, head): weight each split's output by exp(its lse - the total lse)
+    def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, sinks_ptr, out_stride_b, out_stride_h,
+                              num_splits, DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                              HAS_SINKS: tl.constexpr):
+        # program (request, head): weight each split's output by exp(its lse - the total lse); a
+        # head's sink logit (gpt-oss) joins the total as one more term that carries no value
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         s = tl.arange(0, BLOCK_S)
@@ -185,19 +192,27 @@ if triton is not None:
         d_ok = d < DIM
         base = (b * tl.num_programs(1) + h) * num_splits
         lse = tl.load(part_lse_ptr + base + s, mask=s_ok, other=float("-inf"))
-        w = tl.exp(lse - tl.max(lse, 0))  # split 0 is never empty (length >= 1)
-        w = w / tl.sum(w, 0)
+        m = tl.max(lse, 0)  # split 0 is never empty (length >= 1)
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + h).to(tl.float32)
+            m = tl.maximum(m, sink)
+            w = tl.exp(lse - m)
+            w = w / (tl.sum(w, 0) + tl.exp(sink - m))
+        else:
+            w = tl.exp(lse - m)
+            w = w / tl.sum(w, 0)
         o = tl.load(part_out_ptr + (base + s)[:, None] * DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
                     other=0.0)
         out = tl.sum(o * w[:, None], 0)
         tl.store(out_ptr + b * out_stride_b + h * out_stride_h + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
     @triton.jit
-    def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, table_ptr, meta_ptr, num_segments, scale,
-                       q_stride_t, q_stride_h, out_stride_t, out_stride_h, table_stride,
+    def _extend_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, table_ptr, meta_ptr, sinks_ptr, num_segments,
+                       scale, window, q_stride_t, q_stride_h, out_stride_t, out_stride_h, table_stride,
                        PAGE_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
                        DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                       HAS_SINKS: tl.constexpr):
         # program (segment, block of its new tokens, query head): attends over the segment's
         # context positions 0 .. prefix + last token of the block, all read through the page
         # table (the new tokens' K/V were written first); causal mask on the new tokens
@@ -220,18 +235,24 @@ if triton is not None:
         q_pos = prefix + i
         # blocks past the segment's end read nothing
         hi = tl.where(qb * BLOCK_M < n, prefix + tl.minimum((qb + 1) * BLOCK_M, n), 0)
+        # a sliding window (window > 0): each row sees the last `window` positions up to itself,
+        # and the blocks before the block's first row's window are not read at all
+        lo = tl.where(window > 0, tl.maximum(prefix + qb * BLOCK_M - window + 1, 0) // BLOCK_N * BLOCK_N, 0)
+        q_first = tl.where(window > 0, q_pos - window + 1, 0)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for k_start in range(0, hi, BLOCK_N):
+        for k_start in range(lo, hi, BLOCK_N):
             pos = k_start + tl.arange(0, BLOCK_N)
             p_ok = pos < hi
             off, kv_ok = _kv_block(table_ptr, row, table_stride, pos, p_ok, kvh, d, d_ok, PAGE_SIZE, KV_HEADS, DIM)
             k = tl.load(k_cache_ptr + off, mask=kv_ok, other=0.0)
             s = _mma(q, tl.trans(k), PRECISION, UPCAST) * scale
-            # finite from the first block on: position 0 is visible to every row
-            s = tl.where(p_ok[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
+            seen = (pos[None, :] <= q_pos[:, None]) & (pos[None, :] >= q_first[:, None])
+            s = tl.where(p_ok[None, :] & seen, s, float("-inf"))
             m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, v_cache_ptr, off, kv_ok, PRECISION, UPCAST)
+        if HAS_SINKS:  # the head's sink logit joins the softmax's sum, with no value
+            l_i += tl.exp(tl.load(sinks_ptr + h).to(tl.float32) - m_i)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + rows[:, None] * out_stride_t + h * out_stride_h + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & d_ok[None, :])
@@ -265,11 +286,13 @@ def num_decode_splits(batch: int, kv_heads: int, max_len: int, num_sms: int = 13
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             page_table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, scale: float,
                             num_splits: int, out: Optional[torch.Tensor] = None,
-                            block_n: Optional[int] = None) -> torch.Tensor:
+                            block_n: Optional[int] = None, window: Optional[int] = None,
+                            sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One query token per request (flash-decoding: `num_splits` partial passes, then a reduction).
 
     q: [B, heads, dim]; rows: [B] page-table row of each request; lens: [B] context length,
-    the new token included (>= 1; its K/V already written). Returns out ([B, heads, dim]).
+    the new token included (>= 1; its K/V already written); `window`: attend only to the last
+    `window` positions; `sinks` (float32 [heads]) join each head's softmax. Returns out ([B, heads, dim]).
     No host sync, and the launch shape depends only on B and num_splits: safe in CUDA graphs.
     """
     _require_triton()
@@ -286,28 +309,31 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     block_d = _pow2(dim, 16)
     tiles = decode_tiles(k_cache.dtype, dim)
     _decode_split_kernel[(b, kv_heads, num_splits)](
-        q, k_cache, v_cache, page_table, rows, lens, part_out, part_lse, scale,
+        q, k_cache, v_cache, page_table, rows, lens, part_out, part_lse, scale, window or 0,
         q.stride(0), q.stride(1), page_table.stride(0),
         PAGE_SIZE=page_size, KV_HEADS=kv_heads, GROUP=group, DIM=dim,
         BLOCK_G=_pow2(group, 16), BLOCK_D=block_d, BLOCK_N=block_n or tiles.block_n,
         PRECISION=_dot_precision(q.dtype), UPCAST=_UPCAST_DOT, num_warps=tiles.num_warps,
         num_stages=tiles.num_stages)
-    _decode_reduce_kernel[(b, heads)](part_out, part_lse, out, out.stride(0), out.stride(1), num_splits,
-                                      DIM=dim, BLOCK_S=_pow2(num_splits), BLOCK_D=block_d)
+    _decode_reduce_kernel[(b, heads)](part_out, part_lse, out, part_lse if sinks is None else sinks, out.stride(0),
+                                      out.stride(1), num_splits, DIM=dim, BLOCK_S=_pow2(num_splits),
+                                      BLOCK_D=block_d, HAS_SINKS=sinks is not None)
     return out
 
 
 def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             page_table: torch.Tensor, meta: torch.Tensor, max_len: int, scale: float,
                             out: torch.Tensor, block_m: Optional[int] = None,
-                            block_n: Optional[int] = None) -> torch.Tensor:
+                            block_n: Optional[int] = None, window: Optional[int] = None,
+                            sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Every extend segment of a batch in one launch.
 
     q: [T, heads, dim] (the whole flat batch); meta: int64 [4, S] rows start (first row of the
     segment in q), length (new tokens), prefix (tokens cached before them), page-table row;
     max_len: the longest segment (sizes the grid). Each new token attends to the whole prefix
-    and causally to the segment's new tokens, whose K/V must already be in the cache.
-    Writes the segments' rows of `out` ([T, heads, dim]) and returns it.
+    and causally to the segment's new tokens, whose K/V must already be in the cache; with `window`,
+    only to the last `window` positions up to itself; `sinks` (float32 [heads]) join each head's
+    softmax. Writes the segments' rows of `out` ([T, heads, dim]) and returns it.
     """
     _require_triton()
     heads, dim = q.shape[1], q.shape[2]
@@ -319,12 +345,13 @@ def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     tiles = extend_tiles(k_cache.dtype, dim)
     block_m, block_n = block_m or tiles.block_m, block_n or tiles.block_n
     grid = (num_segments, triton.cdiv(max_len, block_m), heads)
-    _extend_kernel[grid](q, k_cache, v_cache, out, page_table, meta, num_segments, scale,
-                         q.stride(0), q.stride(1), out.stride(0), out.stride(1), page_table.stride(0),
-                         PAGE_SIZE=page_size, KV_HEADS=kv_heads, GROUP=heads // kv_heads, DIM=dim,
-                         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(dim, 16),
-                         PRECISION=_dot_precision(q.dtype), UPCAST=_UPCAST_DOT, num_warps=tiles.num_warps,
-                         num_stages=tiles.num_stages)
+    # without sinks the kernel never reads sinks_ptr; any tensor will do
+    _extend_kernel[grid](q, k_cache, v_cache, out, page_table, meta, meta if sinks is None else sinks, num_segments,
+                         scale, window or 0, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+                         page_table.stride(0), PAGE_SIZE=page_size, KV_HEADS=kv_heads, GROUP=heads // kv_heads,
+                         DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_pow2(dim, 16),
+                         PRECISION=_dot_precision(q.dtype), UPCAST=_UPCAST_DOT, HAS_SINKS=sinks is not None,
+                         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return out
 
 
@@ -354,24 +381,25 @@ def compile_variants(page_size: int = 16, kv_heads: int = 8, group: int = 4) -> 
             common = dict(PAGE_SIZE=page_size, KV_HEADS=kv_heads, GROUP=group, DIM=dim, BLOCK_D=_pow2(dim, 16),
                           PRECISION=_dot_precision(dtype), UPCAST=False)
             e = extend_tiles(dtype, dim)
-            variants.append(KernelVariant(
-                f"extend {t} d{dim}", _extend_kernel,
+            variants.extend(KernelVariant(
+                f"extend {t} d{dim}" + (" sinks" if sinks else ""), _extend_kernel,
                 dict(q_ptr=f"*{t}", k_cache_ptr=f"*{t}", v_cache_ptr=f"*{t}", out_ptr=f"*{t}", table_ptr="*i64",
-                     meta_ptr="*i64", num_segments="i32", scale="fp32")
+                     meta_ptr="*i64", sinks_ptr="*fp32", num_segments="i32", scale="fp32", window="i32")
                 | ints("q_stride_t", "q_stride_h", "out_stride_t", "out_stride_h", "table_stride"),
-                common | dict(BLOCK_M=e.block_m, BLOCK_N=e.block_n), e.num_warps, e.num_stages))
+                common | dict(BLOCK_M=e.block_m, BLOCK_N=e.block_n, HAS_SINKS=sinks), e.num_warps, e.num_stages)
+                for sinks in (False, True))
             d = decode_tiles(dtype, dim)
             variants.append(KernelVariant(
                 f"decode split {t} d{dim}", _decode_split_kernel,
                 dict(q_ptr=f"*{t}", k_cache_ptr=f"*{t}", v_cache_ptr=f"*{t}", table_ptr="*i64", rows_ptr="*i64",
-                     lens_ptr="*i64", part_out_ptr="*fp32", part_lse_ptr="*fp32", scale="fp32")
+                     lens_ptr="*i64", part_out_ptr="*fp32", part_lse_ptr="*fp32", scale="fp32", window="i32")
                 | ints("q_stride_b", "q_stride_h", "table_stride"),
                 common | dict(BLOCK_G=_pow2(group, 16), BLOCK_N=d.block_n), d.num_warps, d.num_stages))
-            variants.append(KernelVariant(
-                f"decode reduce {t} d{dim}", _decode_reduce_kernel,
-                dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=f"*{t}")
+            variants.extend(KernelVariant(   # BLOCK_S 32: num_decode_splits' most
+                f"decode reduce {t} d{dim}" + (" sinks" if sinks else ""), _decode_reduce_kernel,
+                dict(part_out_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=f"*{t}", sinks_ptr="*fp32")
                 | ints("out_stride_b", "out_stride_h", "num_splits"),
-                dict(DIM=dim, BLOCK_S=32, BLOCK_D=_pow2(dim, 16))))   # 32: num_decode_splits' most
+                dict(DIM=dim, BLOCK_S=32, BLOCK_D=_pow2(dim, 16), HAS_SINKS=sinks)) for sinks in (False, True))
             variants.append(KernelVariant(
                 f"write kv {t} d{dim}", _write_kv_kernel,
                 dict(k_ptr=f"*{t}", v_ptr=f"*{t}", k_cache_ptr=f"*{t}", v_cache_ptr=f"*{t}", slots_ptr="*i64")

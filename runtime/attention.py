@@ -48,13 +48,14 @@ class AttentionBackend(Protocol):
 def resolve_attention_backend(name: str, platform: Platform, window: Optional[int] = None,
                               sinks: bool = False) -> str:
     """`auto`: the platform decides (Triton on CUDA when installed, the C++ kernels on the CPU
-    where they build, torch elsewhere). Only the torch backend masks sliding windows and takes
-    attention sinks so far: a model with either (Gemma 3, gpt-oss) runs on it, on any device."""
+    where they build, torch elsewhere). The C++ kernels take neither sliding windows nor attention
+    sinks: a model with either (Gemma 3, gpt-oss) runs on torch there, on Triton on CUDA."""
     if window is not None or sinks:
-        if name not in ("auto", "torch"):
-            raise ValueError(f"attention backend {name} cannot run this model's sliding windows or attention "
-                             "sinks: use torch")
-        return "torch"
+        if name == "cpu":
+            raise ValueError("attention backend cpu cannot run this model's sliding windows or attention sinks: "
+                             "use torch (or triton on CUDA)")
+        if name == "auto":
+            return "triton" if platform.default_attention_backend() == "triton" else "torch"
     if name == "auto":
         return platform.default_attention_backend()
     if name not in ATTENTION_BACKENDS:

@@ -77,7 +77,6 @@ class TritonAttentionBackend:
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 batch: ForwardBatch, window: Optional[int] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
-        assert window is None and sinks is None, "the Triton kernels take neither (runtime/attention.py)"
         meta: TritonAttentionMetadata = batch.attention
         k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]
         ta.write_kv_triton(k_cache, v_cache, batch.out_slots, k, v)
@@ -86,8 +85,8 @@ class TritonAttentionBackend:
         if nd:
             splits = ta.num_decode_splits(nd, self.kv_heads, meta.decode_max_len, self.num_sms)
             ta.decode_attention_triton(q[:nd], k_cache, v_cache, self.table, meta.decode_rows,
-                                       meta.decode_lens, self.scale, splits, out=out[:nd])
+                                       meta.decode_lens, self.scale, splits, out=out[:nd], window=window, sinks=sinks)
         if meta.extend_meta is not None:
             ta.extend_attention_triton(q, k_cache, v_cache, self.table, meta.extend_meta,
-                                       meta.extend_max_len, self.scale, out)
+                                       meta.extend_max_len, self.scale, out, window=window, sinks=sinks)
         return out

@@ -3,7 +3,7 @@ when a kernel is decorated, i.e. at import): each attention Triton kernel on CPU
 its plain-torch reference from kernels/paged_attention.py. Prints each failure; exit 1 if any.
 
 Shapes: ragged lengths including 1 and page boundaries, GQA ratios 1/3/8, page sizes 1 and 16,
-float32 and bfloat16. Outputs start as NaN, so an element the kernel fails to write fails the check.
+float32 and bfloat16; sliding windows and attention sinks, alone and together. Outputs start as NaN, so an element the kernel fails to write fails the check.
 Tolerances: float32 1e-4 (abs and rel); bfloat16 2e-2 (the kernels round softmax weights to bf16
 before the PV product, and the output itself is bf16), both against a float32 reference computed
 on the same (bf16-rounded) inputs.
@@ -85,16 +85,20 @@ def check_write_kv(gen: torch.Generator) -> int:
     return failures
 
 
-def decode_reference(q, ctx: PagedContext, lens: list[int], scale: float) -> torch.Tensor:
+def decode_reference(q, ctx: PagedContext, lens: list[int], scale: float, window=None, sinks=None) -> torch.Tensor:
     """The torch path's inputs, built the way ModelRunner.build builds them."""
     lens_t = torch.tensor(lens)
     n_pages = -(-max(lens) // ctx.p)
     pages = ctx.table[ctx.rows, :n_pages]
     page_used = torch.arange(n_pages) * ctx.p < lens_t.unsqueeze(1)
     pages = pages.masked_fill(~page_used, ctx.pad_page)
-    attend = (torch.arange(n_pages * ctx.p) < lens_t.unsqueeze(1))[:, None, None, :]
+    positions = torch.arange(n_pages * ctx.p)
+    attend = positions < lens_t.unsqueeze(1)
+    if window is not None:
+        attend &= positions >= lens_t.unsqueeze(1) - window
     kv_rows = decode_kv_rows(pages, ctx.p, ctx.k.shape[2])
-    return decode_attention(q.float(), ctx.k.float(), ctx.v.float(), kv_rows, attention_bias(attend), scale)
+    return decode_attention(q.float(), ctx.k.float(), ctx.v.float(), kv_rows, attention_bias(attend[:, None, None, :]),
+                            scale, sinks=sinks)
 
 
 def check_decode(gen: torch.Generator) -> int:
@@ -117,47 +121,87 @@ def check_decode(gen: torch.Generator) -> int:
     return failures
 
 
+def window_and_sinks(heads: int, gen: torch.Generator):
+    """Sliding windows (shorter than most contexts, not a page multiple) and attention sinks, alone
+    and together (Gemma 3's local layers, gpt-oss's)."""
+    sinks = torch.randn(heads, generator=gen) * 2
+    return [(5, None), (None, sinks), (7, sinks)]
+
+
+def check_decode_window_sinks(gen: torch.Generator) -> int:
+    failures, group, dim = 0, 3, 24
+    lens = [1, 16, 17, 33, 6, 40]
+    for page_size in (1, 16):
+        for dtype in TOL:
+            ctx = PagedContext(lens, page_size, dim, dtype, gen)
+            q = torch.randn(len(lens), KV_HEADS * group, dim, generator=gen).to(dtype)
+            for window, sinks in window_and_sinks(KV_HEADS * group, gen):
+                want = decode_reference(q, ctx, lens, dim ** -0.5, window, sinks)
+                for splits in (1, 3):
+                    out = torch.full_like(q, float("nan"))
+                    decode_attention_triton(q, ctx.k, ctx.v, ctx.table, ctx.rows, torch.tensor(lens), dim ** -0.5,
+                                            num_splits=splits, out=out, block_n=16, window=window, sinks=sinks)
+                    name = (f"decode window={window} sinks={sinks is not None} page_size={page_size} dtype={dtype} "
+                            f"splits={splits}")
+                    failures += not close(name, out, want, dtype)
+    return failures
+
+
 def check_extend(gen: torch.Generator) -> int:
     """Segments after two decode rows (left untouched): plain prefill, prefill after a prefix hit,
-    a chunk of a chunked prefill, a one-token chunk, and a prefix ending on a page boundary."""
+    a chunk of a chunked prefill, a one-token chunk, and a prefix ending on a page boundary; with
+    sliding windows and attention sinks too."""
     failures = 0
-    segments = [(0, 19), (16, 5), (7, 20), (30, 1), (32, 16)]  # (prefix, new tokens)
-    lead = 2
     for group, dim in GQA_DIMS.items():
         for page_size in (1, 16):
             for dtype in TOL:
-                lens = [pre + n for pre, n in segments]
-                ctx = PagedContext(lens, page_size, dim, dtype, gen)
-                total = lead + sum(n for _, n in segments)
-                q = torch.randn(total, KV_HEADS * group, dim, generator=gen).to(dtype)
-                scale = dim ** -0.5
-                want = torch.full((total, KV_HEADS * group, dim), float("nan"))
-                meta, start = [], lead
-                for (pre, n), row in zip(segments, ctx.rows.tolist()):
-                    slots = ctx.slots(row, pre + n)
-                    rows = slice(start, start + n)
-                    k_new = ctx.k.view(-1, KV_HEADS, dim)[slots[pre:]].float()
-                    v_new = ctx.v.view(-1, KV_HEADS, dim)[slots[pre:]].float()
-                    want[rows] = extend_attention(q[rows].float(), k_new, v_new, ctx.k.float(), ctx.v.float(),
-                                                  slots if pre else None, pre, scale)
-                    meta.append((start, n, pre, row))
-                    start += n
-                meta_t = torch.tensor(meta, dtype=torch.int64).t().contiguous()
-                out = torch.full_like(q, float("nan"))
-                extend_attention_triton(q, ctx.k, ctx.v, ctx.table, meta_t, max(n for _, n in segments), scale,
-                                        out, block_m=16, block_n=16)
-                name = f"extend group={group} page_size={page_size} dtype={dtype}"
-                failures += not close(name, out[lead:], want[lead:], dtype)
-                if not out[:lead].isnan().all():
-                    failures += 1
-                    print(f"FAIL {name}: wrote rows outside its segments")
+                failures += extend_case(gen, group, dim, page_size, dtype)
+    for page_size in (1, 16):
+        for dtype in TOL:
+            for window, sinks in window_and_sinks(KV_HEADS * 3, gen):
+                failures += extend_case(gen, 3, 24, page_size, dtype, window, sinks)
+    return failures
+
+
+def extend_case(gen: torch.Generator, group: int, dim: int, page_size: int, dtype: torch.dtype,
+                window=None, sinks=None) -> int:
+    """Failures of one extend launch over every segment, against the torch reference."""
+    failures = 0
+    segments = [(0, 19), (16, 5), (7, 20), (30, 1), (32, 16)]  # (prefix, new tokens)
+    lead = 2
+    lens = [pre + n for pre, n in segments]
+    ctx = PagedContext(lens, page_size, dim, dtype, gen)
+    total = lead + sum(n for _, n in segments)
+    q = torch.randn(total, KV_HEADS * group, dim, generator=gen).to(dtype)
+    scale = dim ** -0.5
+    want = torch.full((total, KV_HEADS * group, dim), float("nan"))
+    meta, start = [], lead
+    for (pre, n), row in zip(segments, ctx.rows.tolist()):
+        slots = ctx.slots(row, pre + n)
+        rows = slice(start, start + n)
+        k_new = ctx.k.view(-1, KV_HEADS, dim)[slots[pre:]].float()
+        v_new = ctx.v.view(-1, KV_HEADS, dim)[slots[pre:]].float()
+        want[rows] = extend_attention(q[rows].float(), k_new, v_new, ctx.k.float(), ctx.v.float(),
+                                      slots if pre else None, pre, scale, window, sinks)
+        meta.append((start, n, pre, row))
+        start += n
+    meta_t = torch.tensor(meta, dtype=torch.int64).t().contiguous()
+    out = torch.full_like(q, float("nan"))
+    extend_attention_triton(q, ctx.k, ctx.v, ctx.table, meta_t, max(n for _, n in segments), scale,
+                            out, block_m=16, block_n=16, window=window, sinks=sinks)
+    name = (f"extend group={group} page_size={page_size} dtype={dtype} window={window} "
+            f"sinks={sinks is not None}")
+    failures += not close(name, out[lead:], want[lead:], dtype)
+    if not out[:lead].isnan().all():
+        failures += 1
+        print(f"FAIL {name}: wrote rows outside its segments")
     return failures
 
 
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     gen = torch.Generator().manual_seed(0)
-    failures = check_write_kv(gen) + check_decode(gen) + check_extend(gen)
+    failures = check_write_kv(gen) + check_decode(gen) + check_decode_window_sinks(gen) + check_extend(gen)
     print(f"{failures} failures")
     return 1 if failures else 0
 

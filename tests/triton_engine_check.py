@@ -2,8 +2,9 @@
 an engine on the Triton attention backend (kernels interpreted on CPU tensors) equal the torch
 backend's, on a tiny random model (GQA 3) with a prefix-cache hit, a chunked prefill and a step
 mixing decodes with extends, at page sizes 16 and 1; and so do decode steps run through the
-CUDA-graph runner's padded static batches (eagerly: no graphs on CPU). The Triton engines first run
-the CUDA platform's warm-up step, which must leave no trace. Exit 1 on any difference."""
+CUDA-graph runner's padded static batches (eagerly: no graphs on CPU), and on a model with a
+sliding-window layer and attention sinks. The Triton engines first run the CUDA platform's warm-up
+step, which must leave no trace. Exit 1 on any difference."""
 from __future__ import annotations
 
 import os
@@ -22,11 +23,19 @@ from radixserve.runtime.sampling_params import SamplingParams  # noqa: E402
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 
 
-def tiny_files() -> ModelFiles:
+def tiny_files(windowed: bool = False) -> ModelFiles:
+    """A tiny random Llama; `windowed`: its first layer sees a sliding window of 6 positions and
+    every layer has attention sinks (Gemma 3's local layers, gpt-oss's sinks)."""
     tokenizer = load_model_files(None).tokenizer  # the vocabulary the tiny model's ids come from
     cfg = ModelConfig(model_type="llama", hidden_size=96, num_layers=2, num_heads=6, num_kv_heads=2, head_dim=16,
-                      intermediate_size=128, vocab_size=49152, max_context_len=256)
-    return ModelFiles("tiny-random", cfg, random_weights(cfg, std=0.08, seed=1), tokenizer)
+                      intermediate_size=128, vocab_size=49152, max_context_len=256,
+                      layer_windows=(6, 0) if windowed else (), attention_sinks=windowed)
+    weights = random_weights(cfg, std=0.08, seed=1)
+    if windowed:
+        gen = torch.Generator().manual_seed(2)
+        for i in range(cfg.num_layers):
+            weights[f"model.layers.{i}.self_attn.sinks"] = torch.randn(cfg.num_heads, generator=gen)
+    return ModelFiles("tiny-random", cfg, weights, tokenizer)
 
 
 def run(files: ModelFiles, backend: str, page_size: int, prompts: list[list[int]],
@@ -59,6 +68,11 @@ def main() -> int:
     prompts = [base, base[:18] + torch.randint(0, 49152, (6,), generator=gen).tolist(),
                torch.randint(0, 49152, (37,), generator=gen).tolist(), torch.randint(0, 49152, (3,), generator=gen).tolist()]
     failures = 0
+    windowed = tiny_files(windowed=True)
+    want, got = run(windowed, "torch", 16, prompts), run(windowed, "triton", 16, prompts)
+    if got != want:
+        failures += 1
+        print(f"sliding window and sinks: triton {got} != torch {want}")
     for page_size in (16, 1):
         want = run(files, "torch", page_size, prompts)
         got = run(files, "triton", page_size, prompts)
