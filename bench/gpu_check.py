@@ -164,23 +164,36 @@ def check_kernels(s: dict, device) -> list[dict]:
         got = ta.decode_attention_triton(q, pc.k, pc.v, pc.table, pc.rows, pc.lens_t, scale, splits)
         rows.append(dict(kernel="decode_attention", page_size=page, shape=f"B={len(lens)} max_len={max(lens)} "
                          f"splits={splits}", rel_err=rel_err(got, want)))
+        # a sliding window (Gemma 3's local layers) and attention sinks (gpt-oss)
+        window, sinks = max(2, s["kernel_max_len"] // 3), torch.randn(heads, device=device) * 2
+        positions = torch.arange(n * page, device=device)
+        seen = (positions < pc.lens_t[:, None]) & (positions >= pc.lens_t[:, None] - window)
+        want = decode_attention(q.float(), pc.k.float(), pc.v.float(), decode_kv_rows(pages, page, kvh),
+                                attention_bias(seen[:, None, None, :]), scale, sinks=sinks)
+        got = ta.decode_attention_triton(q, pc.k, pc.v, pc.table, pc.rows, pc.lens_t, scale, splits,
+                                         window=window, sinks=sinks)
+        rows.append(dict(kernel="decode_attention window+sinks", page_size=page,
+                         shape=f"B={len(lens)} window={window} splits={splits}", rel_err=rel_err(got, want)))
     segs = s["extend_segments"]
     pc = Paged([p + n for p, n in segs], 16, kvh, dim, dtype, device)
     total = sum(n for _, n in segs)
     q = torch.randn(total, heads, dim, device=device, dtype=dtype)
-    want, meta, start = torch.empty(total, heads, dim, device=device), [], 0
-    for r, (pre, n) in enumerate(segs):
-        slots = pc.slots(r, pre + n)
-        kf, vf = pc.k.view(-1, kvh, dim)[slots[pre:]].float(), pc.v.view(-1, kvh, dim)[slots[pre:]].float()
-        want[start:start + n] = extend_attention(q[start:start + n].float(), kf, vf, pc.k.float(), pc.v.float(),
-                                                 slots if pre else None, pre, scale)
-        meta.append((start, n, pre, r))
-        start += n
-    meta_t = torch.tensor(meta, dtype=torch.long, device=device).t().contiguous()
-    got = ta.extend_attention_triton(q, pc.k, pc.v, pc.table, meta_t, max(n for _, n in segs), scale,
-                                     torch.empty_like(q))
-    rows.append(dict(kernel="extend_attention", page_size=16, shape=f"segments(prefix,new)={segs}",
-                     rel_err=rel_err(got, want)))
+    sinks = torch.randn(heads, device=device) * 2
+    for window, sink in ((None, None), (max(2, s["kernel_max_len"] // 3), sinks)):
+        want, meta, start = torch.empty(total, heads, dim, device=device), [], 0
+        for r, (pre, n) in enumerate(segs):
+            slots = pc.slots(r, pre + n)
+            kf, vf = pc.k.view(-1, kvh, dim)[slots[pre:]].float(), pc.v.view(-1, kvh, dim)[slots[pre:]].float()
+            want[start:start + n] = extend_attention(q[start:start + n].float(), kf, vf, pc.k.float(), pc.v.float(),
+                                                     slots if pre else None, pre, scale, window, sink)
+            meta.append((start, n, pre, r))
+            start += n
+        meta_t = torch.tensor(meta, dtype=torch.long, device=device).t().contiguous()
+        got = ta.extend_attention_triton(q, pc.k, pc.v, pc.table, meta_t, max(n for _, n in segs), scale,
+                                         torch.empty_like(q), window=window, sinks=sink)
+        rows.append(dict(kernel="extend_attention" + (" window+sinks" if window else ""), page_size=16,
+                         shape=f"segments(prefix,new)={segs}" + (f" window={window}" if window else ""),
+                         rel_err=rel_err(got, want)))
     k = torch.randn(total, kvh, dim, device=device, dtype=dtype)
     v = torch.randn(total, kvh, dim, device=device, dtype=dtype)
     slots = torch.cat([pc.slots(r, p + n)[p:] for r, (p, n) in enumerate(segs)])
