@@ -11,7 +11,7 @@
 # 3. runs bench/gpu_check.py: the engine section on the default model's shape with random weights,
 #    then the kernel sections, each under its own timeout and all within one deadline (well inside
 #    9 minutes). Each writes its JSON and log to $OUT as it goes: a kill loses only the step it hit.
-set -u
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/gpu_run}
 PY=${PYTHON:-python3}
@@ -33,7 +33,9 @@ export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORME
 export RADIXSERVE_DISABLE_CPU_KERNELS=1
 log "wheels installed in $SITE"
 
-timeout -k 5 120 $PY - "$OUT/environment.json" <<'EOF' 2>&1 | tee -a "$OUT/run.log" || { log "imports failed: a wheel is missing from .gpu/ (bench/gpu_wheels.txt)"; exit 3; }
+# -P: the working directory stays off sys.path (its kernels/ would shadow the hub's `kernels` that
+# transformers may import); the package is imported through the link, as the checks do
+timeout -k 5 120 $PY -P - "$OUT/environment.json" <<'EOF' 2>&1 | tee -a "$OUT/run.log" || { log "imports failed: a wheel is missing from .gpu/ (bench/gpu_wheels.txt)"; exit 3; }
 import importlib, json, sys
 mods = ["torch", "triton", "transformers", "tokenizers", "numpy", "safetensors", "jinja2", "prometheus_client",
         "xgrammar", "jsonschema", "pydantic", "fastapi", "starlette", "sse_starlette", "uvicorn", "openai", "gguf",
