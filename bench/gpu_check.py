@@ -202,7 +202,33 @@ def check_kernels(s: dict, device) -> list[dict]:
     ta.write_kv_triton(pc.k, pc.v, slots, k, v)
     rows.append(dict(kernel="write_kv", page_size=16, shape=f"T={total}",
                      rel_err=max(rel_err(pc.k, kr), rel_err(pc.v, vr))))
+    rows.append(check_moe(s, device))
     return rows
+
+
+def check_moe(s: dict, device) -> dict:
+    """The CUDA MoE layer (two grouped matmuls, no host sync) against the per-expert loop on the
+    same experts, and both timed: a Mixtral-like layer scaled to the run's model."""
+    from radixserve.kernels.triton_moe import GroupedExperts
+    from radixserve.runtime.models.linear import Linear
+    from radixserve.runtime.models.moe import SparseMoE
+
+    cfg, dtype = s["model"], s["dtype"]
+    hidden, inter, n_experts, top_k, tokens = cfg.hidden_size, cfg.intermediate_size // 4, 8, 2, s["kernel_batch"]
+    gen = torch.Generator(device=device).manual_seed(3)
+    rand = lambda *shape: (torch.randn(*shape, generator=gen, device=device) * shape[-1] ** -0.5).to(dtype)  # noqa: E731
+    experts = [(Linear(rand(2 * inter, hidden)), Linear(rand(hidden, inter))) for _ in range(n_experts)]
+
+    def silu_mul(x):
+        gate, up = x.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+    loop = SparseMoE(torch.randn(n_experts, hidden, generator=gen, device=device), experts, top_k, True, silu_mul)
+    grouped = SparseMoE(loop.router, experts, top_k, True, silu_mul, grouped=GroupedExperts.of(experts))
+    h = rand(tokens, hidden)
+    iters = max(1, s["iters"] // 2)
+    return dict(kernel="moe grouped matmul", page_size="-", shape=f"T={tokens} E={n_experts} k={top_k} "
+                f"H={hidden} I={inter}", rel_err=rel_err(grouped(h), loop(h)),
+                us=timed(lambda: grouped(h), iters, device) * 1e6, loop_us=timed(lambda: loop(h), iters, device) * 1e6)
 
 
 def check_staging(device) -> dict:

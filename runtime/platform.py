@@ -110,6 +110,11 @@ class Platform:
         """Compile what the first step would otherwise stall on; `forward` runs a dummy step of the
         model (every attention kernel of a mixed batch), where compiling happens at the first launch."""
 
+    def grouped_experts(self, experts: list[tuple]):
+        """A MoE layer's experts ((gate_up, down) linear layers) as grouped matmuls where this device
+        has them (kernels/triton_moe.py), else None: the per-expert loop."""
+        return None
+
     def staging(self, host: torch.Tensor) -> HostStaging:
         """`host`, as a buffer refilled and copied to the device every step (see HostStaging)."""
         return HostStaging(host, self.device)
@@ -148,6 +153,12 @@ class CudaPlatform(Platform):
 
     def staging(self, host: torch.Tensor) -> HostStaging:
         return CudaHostStaging(host, self.device)
+
+    def grouped_experts(self, experts: list[tuple]):
+        from radixserve.kernels import triton_moe
+        if triton_moe.triton is None or not all(type(layer) is Linear for pair in experts for layer in pair):
+            return None
+        return triton_moe.GroupedExperts.of(experts)
 
     def warm_up_kernels(self, vocab_size: int, forward: Callable[[], None]) -> None:
         # Triton compiles a kernel at its first launch (seconds each, cached on disk after): here,

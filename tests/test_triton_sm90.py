@@ -15,9 +15,9 @@ import pytest
 
 triton = pytest.importorskip("triton")  # the CPU-only install has no triton; ours always does
 
-from radixserve.kernels import bitmask, triton_attention  # noqa: E402
+from radixserve.kernels import bitmask, triton_attention, triton_moe  # noqa: E402
 
-VARIANTS = triton_attention.compile_variants() + bitmask.compile_variants()
+VARIANTS = triton_attention.compile_variants() + bitmask.compile_variants() + triton_moe.compile_variants()
 PTXAS_REPORT = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 

@@ -122,7 +122,8 @@ def _sparse_moe(cfg: ModelConfig, w: dict, p: str, linear, ops, platform: Platfo
     experts = [(linear([f"{m}experts.{e}.{gate}", f"{m}experts.{e}.{up}"]), linear([f"{m}experts.{e}.{down}"]))
                for e in range(cfg.num_experts)]
     router = w[m + "gate.weight"].to(platform.device, torch.float32)
-    return SparseMoE(router, experts, cfg.experts_per_token, cfg.norm_topk_prob, ops.silu_mul)
+    return SparseMoE(router, experts, cfg.experts_per_token, cfg.norm_topk_prob, ops.silu_mul,
+                     grouped=platform.grouped_experts(experts))
 
 
 def _gpt_oss_moe(cfg: ModelConfig, w: dict, m: str, ops, platform: Platform, dtype: torch.dtype) -> SparseMoE:
@@ -135,7 +136,7 @@ def _gpt_oss_moe(cfg: ModelConfig, w: dict, m: str, ops, platform: Platform, dty
     router = w[m + "router.weight"].to(platform.device, torch.float32)
     bias = w[m + "router.bias"].to(platform.device, torch.float32)
     return SparseMoE(router, experts, cfg.experts_per_token, True, clamped_swiglu(cfg.swiglu_limit, cfg.swiglu_alpha),
-                     router_bias=bias, softmax_after_topk=True)
+                     router_bias=bias, softmax_after_topk=True, grouped=platform.grouped_experts(experts))
 
 
 class LlamaForCausalLM:

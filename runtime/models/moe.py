@@ -3,7 +3,8 @@ experts, and each expert runs once over the tokens routed to it.
 
 Each expert's gate-up and down projections are the platform's linear layers, so a GGUF's blocks
 run on the block kernels and a step reads only the experts its tokens chose: the cost follows the
-active parameters, not the total. A token's output adds its experts' weighted outputs in
+active parameters, not the total. On CUDA the loop, which reads the chosen experts back to the
+host, gives way to two grouped matmuls over every expert (kernels/triton_moe.py). A token's output adds its experts' weighted outputs in
 expert order, whatever else is in the batch, so routing and sums are the same alone or batched.
 """
 from __future__ import annotations
@@ -27,12 +28,13 @@ def clamped_swiglu(limit: float, alpha: float) -> Callable[[torch.Tensor], torch
 class SparseMoE:
     def __init__(self, router: torch.Tensor, experts: list[tuple], top_k: int, normalize: bool,
                  act: Callable[[torch.Tensor], torch.Tensor], router_bias: Optional[torch.Tensor] = None,
-                 softmax_after_topk: bool = False):
+                 softmax_after_topk: bool = False, grouped=None):
         """router: [experts, hidden] float32 (and its bias); experts: (gate_up, down) linear layers
         of each expert; act: gate_up rows -> the down projection's input. Routing is Mixtral's and
         Qwen3-MoE's (softmax over all experts, then top-k, renormalised if `normalize`) or, with
-        `softmax_after_topk`, gpt-oss's (top-k logits, then their softmax)."""
-        self.router, self.router_bias, self.experts = router, router_bias, experts
+        `softmax_after_topk`, gpt-oss's (top-k logits, then their softmax). `grouped`: the experts
+        as two grouped matmuls (kernels/triton_moe.py on CUDA), run instead of the loop."""
+        self.router, self.router_bias, self.experts, self.grouped = router, router_bias, experts, grouped
         self.top_k, self.normalize, self.act, self.softmax_after_topk = top_k, normalize, act, softmax_after_topk
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,6 +52,8 @@ class SparseMoE:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """h: [T, hidden] normed activations -> [T, hidden] in h's dtype (summed in float32)."""
         weights, ids = self.route(h)
+        if self.grouped is not None:
+            return self.grouped(h, weights, ids, self.act).to(h.dtype)
         out = torch.zeros(h.shape[0], h.shape[1], dtype=torch.float32, device=h.device)
         hit = torch.zeros(len(self.experts), dtype=torch.bool, device=ids.device)
         hit[ids.flatten()] = True
