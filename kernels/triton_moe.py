@@ -3,7 +3,7 @@ sync (the per-expert loop of runtime/models/moe.py reads the routed experts back
 
 Each (token, slot) pair the router chose is one row. Rows are sorted by expert and each expert's
 rows padded to a whole block of BLOCK_M, all on the device; the grid is sized by the bound
-T * k + experts * (BLOCK_M - 1) rows, known on the host from T alone (CUDA graphs can capture it).
+T * k + experts * (BLOCK_M - 1) rows, known on the host from T alone.
 A program computes one block of rows of one expert against one block of output columns; padding
 rows compute nothing and are never read. A row's result depends on its own token and expert only,
 and the k outputs of a token are summed in expert order: the same alone or in any batch.
