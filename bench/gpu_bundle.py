@@ -9,9 +9,10 @@ bench/gpu_run.sh, in under 60 MiB (the machine takes at most 64 MiB with the wor
   5.17, tokenizers, numpy, safetensors, jinja2, prometheus-client, httpx and anyio (`IMAGE`).
   `radixserve` itself is the working tree (gpu_run.sh links it), never a wheel.
 - The closure is checked, not trusted: every requirement of every bundled wheel (markers read for
-  CPython 3.12 on x86-64 Linux) must be pinned, at a version its specifier admits, or be on the
-  image at a version that may be too old (pip would have upgraded it; `--no-deps` will not):
-  those are pinned too, and the bundled copy shadows the image's.
+  CPython 3.12 on x86-64 Linux) must be pinned at a version its specifier admits, or be on the
+  image at a version that surely satisfies it. Where the image's version may be too old (pip would
+  upgrade it; `--no-deps` will not), the package is pinned too and the bundled copy shadows the
+  image's.
 - `.gpu/model/`: the default model without weights: a Llama `config.json` of its shape and its
   tokenizer files. `gpu_check.py --model .gpu/model --random-weights` builds the weights there.
 """
