@@ -368,7 +368,7 @@ class KernelVariant:
     num_stages: int = 3
 
 
-_TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def compile_variants(page_size: int = 16, kv_heads: int = 8, group: int = 4) -> list[KernelVariant]:
@@ -376,7 +376,7 @@ def compile_variants(page_size: int = 16, kv_heads: int = 8, group: int = 4) -> 
     variants = []
     ints = lambda *names: {n: "i32" for n in names}  # noqa: E731
     for dtype in DTYPES:
-        t = _TRITON_TYPES[dtype]
+        t = TRITON_TYPES[dtype]
         for dim in HEAD_DIMS:
             common = dict(PAGE_SIZE=page_size, KV_HEADS=kv_heads, GROUP=group, DIM=dim, BLOCK_D=_pow2(dim, 16),
                           PRECISION=_dot_precision(dtype), UPCAST=False)

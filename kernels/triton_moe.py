@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
-from radixserve.kernels.triton_attention import KernelVariant, _TRITON_TYPES
+from radixserve.kernels.triton_attention import KernelVariant, TRITON_TYPES
 
 try:
     import triton
@@ -157,7 +157,7 @@ class GroupedExperts:
 def compile_variants() -> list[KernelVariant]:
     """The grouped matmul as the layer launches it (gathered and not, with and without bias), per dtype."""
     variants = []
-    for dtype, t in _TRITON_TYPES.items():
+    for dtype, t in TRITON_TYPES.items():
         signature = dict(x_ptr=f"*{t}", w_ptr=f"*{t}", b_ptr=f"*{t}", out_ptr=f"*{t}", rows_ptr="*i64",
                          block_expert_ptr="*i64", n_valid="i32", n_out="i32", n_in="i32", x_stride="i32",
                          w_stride_e="i32", w_stride_n="i32", out_stride="i32")
