@@ -80,13 +80,14 @@ def test_head_dims_between_the_tabled_ones_take_the_next_larger_tiles():
 
 
 def test_the_spill_report_is_read_from_a_kernel_that_spills(tmp_path):
-    """The check can fail: the extend kernel's old default launch (fp32, 64 x 64 tiles, 4 warps)
-    spills kilobytes a thread."""
+    """The check can fail: the extend kernel's old launch (64 x 64 tiles at Triton's default 4 warps
+    and 3 stages) spills at bf16, head dim 128, the shape of most 7-8B models (fp32 spilled kilobytes)."""
     import dataclasses
 
-    fp32 = next(v for v in VARIANTS if v.name == "extend fp32 d64")
-    old = dataclasses.replace(fp32, constexprs=fp32.constexprs | dict(BLOCK_M=64, BLOCK_N=64), num_warps=4)
-    assert compile_sm90(old, tmp_path)["spill_stores"] > 1000
+    bf16 = next(v for v in VARIANTS if v.name == "extend bf16 d128")
+    old = dataclasses.replace(bf16, constexprs=bf16.constexprs | dict(BLOCK_M=64, BLOCK_N=64), num_warps=4,
+                              num_stages=3)
+    assert compile_sm90(old, tmp_path)["spill_stores"] > 0
 
 
 if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter compiles nothing
