@@ -106,7 +106,9 @@ def sort_rows(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.
     position[order] = start[flat[order]] + rank
     rows = torch.full((capacity,), n, dtype=torch.long, device=ids.device)
     rows[position] = torch.arange(n, device=ids.device)
-    # a block's expert: the last expert starting at or before it (empty experts start nowhere new)
+    # a block's expert: the one whose padded range holds it (the first to end after its start; an
+    # empty expert ends where it starts and holds none); blocks past every range get the last expert
+    # and only padding rows
     block_start = torch.arange(0, capacity, BLOCK_M, device=ids.device)
     block_expert = torch.searchsorted(start + padded, block_start, right=True).clamp_(max=num_experts - 1)
     return rows, block_expert, position.view(t, k)
