@@ -210,6 +210,7 @@ def check_moe(s: dict, device) -> dict:
     """The CUDA MoE layer (two grouped matmuls, no host sync) against the per-expert loop on the
     same experts, and both timed: a Mixtral-like layer scaled to the run's model."""
     from radixserve.kernels.triton_moe import GroupedExperts
+    from radixserve.runtime.models.layer_ops import TorchLayerOps
     from radixserve.runtime.models.linear import Linear
     from radixserve.runtime.models.moe import SparseMoE
 
@@ -218,10 +219,7 @@ def check_moe(s: dict, device) -> dict:
     gen = torch.Generator(device=device).manual_seed(3)
     rand = lambda *shape: (torch.randn(*shape, generator=gen, device=device) * shape[-1] ** -0.5).to(dtype)  # noqa: E731
     experts = [(Linear(rand(2 * inter, hidden)), Linear(rand(hidden, inter))) for _ in range(n_experts)]
-
-    def silu_mul(x):
-        gate, up = x.chunk(2, dim=-1)
-        return torch.nn.functional.silu(gate) * up
+    silu_mul = TorchLayerOps().silu_mul
     loop = SparseMoE(torch.randn(n_experts, hidden, generator=gen, device=device), experts, top_k, True, silu_mul)
     grouped = SparseMoE(loop.router, experts, top_k, True, silu_mul, grouped=GroupedExperts.of(experts))
     h = rand(tokens, hidden)
@@ -341,14 +339,22 @@ def check_decode_throughput(s: dict, device) -> tuple[list[dict], object, object
     return rows, model, attn, kv, graphs
 
 
+def hf_llama_config(c: ModelConfig):
+    """transformers' LlamaConfig of a Llama-shaped ModelConfig."""
+    import transformers as tf
+
+    return tf.LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                          num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, head_dim=c.head_dim,
+                          num_key_value_heads=c.num_kv_heads, max_position_embeddings=c.max_context_len,
+                          rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+                          tie_word_embeddings=c.tie_word_embeddings)
+
+
 def add_hf_baseline(rows: list[dict], s: dict, device) -> None:
     import transformers as tf
 
     cfg, dtype = s["model"], s["dtype"]
-    hf_cfg = tf.LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                            num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-                            num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=cfg.max_context_len,
-                            rope_theta=cfg.rope_theta, tie_word_embeddings=False)
+    hf_cfg = hf_llama_config(cfg)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # works whether this transformers spells it dtype or torch_dtype
     try:
@@ -900,13 +906,8 @@ def transformers_model(files, dtype: torch.dtype, device: str):
     c = files.config
     if c.model_type != "llama" or c.rope_scaling:
         return None
-    hf_cfg = tf.LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                            num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, head_dim=c.head_dim,
-                            num_key_value_heads=c.num_kv_heads, max_position_embeddings=c.max_context_len,
-                            rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
-                            tie_word_embeddings=c.tie_word_embeddings)
     with torch.device(device):
-        hf = tf.LlamaForCausalLM(hf_cfg).to(dtype).eval()
+        hf = tf.LlamaForCausalLM(hf_llama_config(c)).to(dtype).eval()
     missing, unexpected = hf.load_state_dict(files.dequantized(), strict=False)
     missing = [n for n in missing if not (c.tie_word_embeddings and n == "lm_head.weight")]
     if missing or unexpected:

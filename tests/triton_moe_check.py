@@ -11,16 +11,12 @@ import sys
 import torch
 
 from radixserve.kernels.triton_moe import GroupedExperts, sort_rows
+from radixserve.runtime.models.layer_ops import TorchLayerOps
 from radixserve.runtime.models.linear import Linear
 from radixserve.runtime.models.moe import SparseMoE, clamped_swiglu
 
 HIDDEN, INTER, EXPERTS, TOP_K = 48, 40, 6, 2
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
-
-
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return torch.nn.functional.silu(gate) * up
 
 
 def layer(dtype: torch.dtype, biases: bool, gen: torch.Generator) -> tuple[SparseMoE, GroupedExperts]:
@@ -29,7 +25,7 @@ def layer(dtype: torch.dtype, biases: bool, gen: torch.Generator) -> tuple[Spars
         return Linear((torch.randn(out, inp, generator=gen) * 0.2).to(dtype), bias)
     experts = [(linear(2 * INTER, HIDDEN), linear(HIDDEN, INTER)) for _ in range(EXPERTS)]
     router = torch.randn(EXPERTS, HIDDEN, generator=gen)
-    act = clamped_swiglu(7.0, 1.702) if biases else silu_mul
+    act = clamped_swiglu(7.0, 1.702) if biases else TorchLayerOps().silu_mul
     return SparseMoE(router, experts, TOP_K, normalize=not biases, act=act, softmax_after_topk=biases), \
         GroupedExperts.of(experts)
 
