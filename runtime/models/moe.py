@@ -4,8 +4,9 @@ experts, and each expert runs once over the tokens routed to it.
 Each expert's gate-up and down projections are the platform's linear layers, so a GGUF's blocks
 run on the block kernels and a step reads only the experts its tokens chose: the cost follows the
 active parameters, not the total. On CUDA the loop, which reads the chosen experts back to the
-host, gives way to two grouped matmuls over every expert (kernels/triton_moe.py). A token's output adds its experts' weighted outputs in
-expert order, whatever else is in the batch, so routing and sums are the same alone or batched.
+host, gives way to two grouped matmuls over every expert (kernels/triton_moe.py). A token's
+output adds its experts' weighted outputs in expert order, whatever else is in the batch, so
+routing and sums are the same alone or batched.
 """
 from __future__ import annotations
 
