@@ -472,6 +472,10 @@ constexpr int64_t QK = 256;   // a K-quant super-block
 // where cols is a multiple of 256, int8 per super-block of 256 with one scale, for the K-quants,
 // whose eight sub-block dots then add up in int32 before one float multiply-add (llama.cpp's
 // Q8_K). The block sums serve both.
+// Where several rows multiply a legacy-type matrix, the rows are also interleaved in groups of eight
+// (matmul_team builds them): group g, block b is 256 bytes, chunk c (values 4c..4c+3) holding row
+// 8g + t's four at bytes 4t..4t+3; then the group's block scales and sums as eight floats, row t in
+// lane t. One weight row's four bytes, broadcast, then meet eight rows in one multiply.
 struct Acts {
   const int8_t* xq;
   const float* xscale;
@@ -479,6 +483,9 @@ struct Acts {
   const int8_t* xq256;
   const float* xscale256;
   int64_t cols;
+  int8_t* xi;       // [groups][cols / 32][256]
+  float* xi_scale;  // [groups][cols / 32][8]
+  float* xi_sum;    // [groups][cols / 32][8]
 };
 
 inline float half_to_float(const uint8_t* p) {
@@ -839,6 +846,52 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) out[r][t] = hsum(acc[r][t]) + zsum[r][t];
 }
+
+// Weight bytes 4C..4C+3 of a block in every lane (lo, hi: the block's first and last 16 bytes in
+// both 128-bit lanes)
+template <int C>
+inline __m256i chunk_of(__m256i lo, __m256i hi) {
+  return _mm256_shuffle_epi32(C < 4 ? lo : hi, (C % 4) * 0x55);
+}
+template <class K, int C>
+inline void chunk_step(__m256i lo, __m256i hi, const int8_t* xb, __m256 scale, const VHeader& h, __m256* acc) {
+  const __m256i d = dot(K{}, chunk_of<C>(lo, hi), load32(reinterpret_cast<const uint8_t*>(xb + 32 * C)), h,
+                        _mm256_setzero_si256());
+  acc[C] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), scale, acc[C]);
+}
+
+// A legacy-type weight row (w: its first block) against interleaved group g: lane t is what tile()
+// gives for activation row 8g + t, bit for bit. Its lane l there sums chunk l's products of every
+// block; here that sum is acc[l]'s lane t, and the eight are added in hsum's order.
+template <class K>
+inline __m256 tile8(const uint8_t* w, int64_t nb, const Acts& a, int64_t g) {
+  __m256 acc[8], zsum = _mm256_setzero_ps();
+  for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+  const int8_t* xg = a.xi + g * nb * 256;
+  const float* sg = a.xi_scale + g * nb * 8;
+  const float* zg = a.xi_sum + g * nb * 8;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = w + b * K::BYTES;
+    VHeader h;
+    vheader(K{}, p, h);
+    const __m256i wv = weights(K{}, p, 0);
+    const __m256i lo = _mm256_permute2x128_si256(wv, wv, 0x00), hi = _mm256_permute2x128_si256(wv, wv, 0x11);
+    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(h.d), _mm256_loadu_ps(sg + 8 * b));
+    if (K::ZERO) zsum = _mm256_add_ps(zsum, _mm256_mul_ps(_mm256_set1_ps(h.zero), _mm256_loadu_ps(zg + 8 * b)));
+    const int8_t* xb = xg + b * 256;
+    chunk_step<K, 0>(lo, hi, xb, scale, h, acc);
+    chunk_step<K, 1>(lo, hi, xb, scale, h, acc);
+    chunk_step<K, 2>(lo, hi, xb, scale, h, acc);
+    chunk_step<K, 3>(lo, hi, xb, scale, h, acc);
+    chunk_step<K, 4>(lo, hi, xb, scale, h, acc);
+    chunk_step<K, 5>(lo, hi, xb, scale, h, acc);
+    chunk_step<K, 6>(lo, hi, xb, scale, h, acc);
+    chunk_step<K, 7>(lo, hi, xb, scale, h, acc);
+  }
+  const __m256 even = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+  const __m256 odd = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+  return _mm256_add_ps(_mm256_add_ps(even, odd), zsum);
+}
 #else
 template <class K, int NR, int NT>
 inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0, float out[NR][NT]) {
@@ -945,6 +998,12 @@ struct BlockMatrix {
 constexpr int64_t PREFETCH_ROWS = RS_PREFETCH_ROWS;
 // Activation rows a prefill pass holds in L2 while every weight row streams past (bytes)
 constexpr int64_t CHUNK_BYTES = 128 << 10;
+// From this many activation rows, a legacy-type matrix runs on rows interleaved by eight (tile8):
+// about half the instructions of tile()'s per multiply, padding rows included (bench/gemm.py)
+#ifndef RS_INTERLEAVE_ROWS
+#define RS_INTERLEAVE_ROWS 5
+#endif
+constexpr int64_t INTERLEAVE_ROWS = RS_INTERLEAVE_ROWS;
 
 template <class K, int NR, int NT>
 inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, int64_t row0, int64_t out_rows,
@@ -984,6 +1043,28 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
       run_tile<K, 1, 1>(s, r, 0, 1, row0, m.rows, a, m.bias, out, false);
     return;
   }
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (K::SUBS == 1) if (n >= INTERLEAVE_ROWS) {
+    // groups of eight interleaved rows (interleave_team made them) that stay in L2, each against
+    // every weight row
+    const int64_t nb = cols / QBLOCK, groups = (n + 7) / 8;
+    const int64_t chunk = std::max<int64_t>(1, CHUNK_BYTES / (8 * cols));
+    const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
+    for (int64_t g0 = 0; g0 < groups; g0 += chunk) {
+      const int64_t g1 = std::min(groups, g0 + chunk);
+#pragma omp for schedule(static) nowait
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t g = g0; g < g1; ++g) {
+          alignas(32) float y[8];
+          _mm256_store_ps(y, tile8<K>(row(r), nb, a, g));
+          const float bias = m.bias != nullptr ? m.bias[row0 + r] : 0.f;
+          for (int64_t t = 0; t < 8 && 8 * g + t < n; ++t)
+            out[(8 * g + t) * m.rows + row0 + r] = m.bias != nullptr ? y[t] + bias : y[t];
+        }
+    }
+    return;
+  }
+#endif
   // chunks of activation rows that stay in L2, each against every weight row; tiles of two weight
   // rows by four activation rows (each unpacked sub-block used four times)
   const int64_t chunk = std::max<int64_t>(4, CHUNK_BYTES / cols / 4 * 4);
@@ -998,9 +1079,38 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
   }
 }
 
+// Acts' interleaved groups of rows 0..n-1 (the rows past n up to a multiple of eight as zeros).
+// Called by every thread of a team; ends in a barrier.
+inline void interleave_team(const Acts& a, int64_t n) {
+  const int64_t nb = a.cols / QBLOCK, groups = (n + 7) / 8;
+#pragma omp for schedule(static)
+  for (int64_t gb = 0; gb < groups * nb; ++gb) {
+    const int64_t g = gb / nb, b = gb % nb;
+    int8_t* dst = a.xi + gb * 256;
+    for (int64_t t = 0; t < 8; ++t) {
+      const int64_t r = 8 * g + t;
+      if (r < n) {
+        const int8_t* src = a.xq + r * a.cols + b * QBLOCK;
+        for (int c = 0; c < 8; ++c) std::memcpy(dst + 32 * c + 4 * t, src + 4 * c, 4);
+        a.xi_scale[gb * 8 + t] = a.xscale[r * nb + b];
+        a.xi_sum[gb * 8 + t] = a.xsum[r * nb + b];
+      } else {
+        for (int c = 0; c < 8; ++c) std::memset(dst + 32 * c + 4 * t, 0, 4);
+        a.xi_scale[gb * 8 + t] = 0.f;
+        a.xi_sum[gb * 8 + t] = 0.f;
+      }
+    }
+  }
+}
+
 // out [n, rows] = x [n, cols] times the weight^T (+ bias), from x as QuantizedRows leaves it.
 // Called by every thread of a team; ends in a barrier.
 inline void matmul_team(const BlockMatrix& m, int64_t n, const Acts& a, float* out) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (n >= INTERLEAVE_ROWS &&
+      std::any_of(m.segment, m.segment + m.n_segments, [](const BlockSegment& s) { return s.kind <= KIND_Q8_0; }))
+    interleave_team(a, n);
+#endif
   int64_t row0 = 0;
   for (int64_t i = 0; i < m.n_segments; ++i) {
     const BlockSegment& s = m.segment[i];
@@ -1019,20 +1129,28 @@ struct QuantizedRows {
   float* xscale;
   float* xsum;
   float* xscale256;
+  int8_t* xi;
+  float* xi_scale;
+  float* xi_sum;
   QuantizedRows(int64_t n, int64_t cols) {
     const int64_t nb = cols / QBLOCK, n4 = (n + 3) / 4 * 4, bytes = (n4 * cols + 63) / 64 * 64;
-    xq = static_cast<int8_t*>(std::malloc(2 * bytes + sizeof(float) * (2 * n4 * nb + n4 * (nb / 8 + 1))));
+    const int64_t n8 = (n + 7) / 8 * 8, ibytes = n8 * cols;
+    xq = static_cast<int8_t*>(std::malloc(2 * bytes + ibytes +
+                                          sizeof(float) * (2 * n4 * nb + n4 * (nb / 8 + 1) + 2 * n8 * nb)));
     xq256 = xq + bytes;
-    xscale = reinterpret_cast<float*>(xq256 + bytes);
+    xi = xq256 + bytes;
+    xscale = reinterpret_cast<float*>(xi + ibytes);
     xsum = xscale + n4 * nb;
     xscale256 = xsum + n4 * nb;
+    xi_scale = xscale256 + n4 * (nb / 8 + 1);
+    xi_sum = xi_scale + n8 * nb;
   }
   ~QuantizedRows() { std::free(xq); }
   QuantizedRows(const QuantizedRows&) = delete;
   QuantizedRows& operator=(const QuantizedRows&) = delete;
 
   // the layout of rows `cols` wide
-  Acts view(int64_t cols) const { return Acts{xq, xscale, xsum, xq256, xscale256, cols}; }
+  Acts view(int64_t cols) const { return Acts{xq, xscale, xsum, xq256, xscale256, cols, xi, xi_scale, xi_sum}; }
 
   // values [c0, c0 + len) of row r (x: the row, cols wide), len a multiple of 32; the super-block
   // form too where cols is a multiple of 256 (then c0 and len are too)

@@ -98,18 +98,32 @@ def test_a_row_map_reads_the_rows_it_names():
                        KERNELS.block_linear(x, block_matrix([copied])))
 
 
+@pytest.mark.parametrize("tokens", [4, 5, 8, 70])
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_each_row_of_a_batch_equals_its_product_alone(kind):
-    """The batched tiles (a prefill) sum each row in the same order as one token does."""
+def test_each_row_of_a_batch_equals_its_product_alone(kind, tokens):
+    """The batched tiles (a prefill; the legacy types' rows interleaved by eight from 5 rows) sum
+    each row in the same order as one token does."""
     t = random_tensor(kind, 21, 512, 0)
-    x = torch.randn(70, 512, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(tokens, 512, generator=torch.Generator().manual_seed(1))
     batched = KERNELS.block_linear(x, block_matrix([t]))
-    assert torch.equal(batched, torch.cat([KERNELS.block_linear(x[i:i + 1], block_matrix([t])) for i in range(70)]))
+    assert torch.equal(batched, torch.cat([KERNELS.block_linear(x[i:i + 1], block_matrix([t]))
+                                           for i in range(tokens)]))
 
 
-def test_block_linear_adds_its_bias_as_a_separate_add_after_the_product():
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_interleaved_rows_read_the_rows_a_row_map_names(kind):
+    t = random_tensor(kind, 8, 256, 0)
+    order = np.array([5, 5, 0, 7])
+    copied = BlockTensor(kind, np.ascontiguousarray(t.data[order]), 256)
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(KERNELS.block_linear(x, block_matrix([t.reordered(order)])),
+                       KERNELS.block_linear(x, block_matrix([copied])))
+
+
+@pytest.mark.parametrize("tokens", [3, 9])
+def test_block_linear_adds_its_bias_as_a_separate_add_after_the_product(tokens):
     t = random_tensor("Q4_1", 40, 64, 0)
-    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(tokens, 64, generator=torch.Generator().manual_seed(1))
     bias = torch.randn(40, generator=torch.Generator().manual_seed(2))
     assert torch.equal(KERNELS.block_linear(x, block_matrix([t], bias)), KERNELS.block_linear(x, block_matrix([t])) + bias)
 
