@@ -168,7 +168,7 @@ def main() -> None:
     report = {
         "command": "bench/jump_forward.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                                        if k != "out"),
-        "model": "default (SmolLM2-135M-Instruct Q8_0)", "machine": machine(),
+        "model": "default (SmolLM2-135M-Instruct Q4_1; embeddings and LM head Q8_0)", "machine": machine(),
         "workload": f"{args.requests} chat requests over {len(SCHEMAS)} schemas with long keys, greedy, streamed, "
                     f"concurrency {args.concurrency}",
         "jump_forward": on_s, "no_jump_forward": off_s,
