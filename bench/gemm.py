@@ -6,6 +6,11 @@ Rows alternate between the two; each figure is the median of --repeats timings.
 Matrices: the default model's MLP (Q4_1, 1536 x 576 and 576 x 1536), and 1B-shaped ones of
 each block type made here (random weights, quantized with the gguf package's reference).
 
+With --interleave, the legacy types' two multi-row forms instead, side by side: the library as
+built (activation rows interleaved by eight from 5 rows, tile8 in kernels/cpu_kernels.cpp) and the
+same source built with interleaving off (tile's 2 x 4 tiles at every row count), alternating; each
+row count also checks that both give the same bits.
+
 With --prefill, also an engine's prefill time (a prompt of each length, cache flushed, one token
 out) on the default model or --model, with the bf16 panels on and off, alternating.
 
@@ -13,6 +18,7 @@ Writes bench/results/gemm.json (or --out). Reports figures, never asserts.
 
     .venv/bin/python bench/gemm.py [--rows 1 4 16 32 64 128 512] [--repeats 7]
     .venv/bin/python bench/gemm.py --prefill 512 2000 [--model bench/models/llama-1b-Q8_0.gguf]
+    .venv/bin/python bench/gemm.py --interleave --rows 4 5 8 16 32 --out bench/results/gemm_interleave.json
 """
 from __future__ import annotations
 
@@ -77,6 +83,38 @@ def prefill_times(model, lengths: list[int], repeats: int) -> dict:
     return out
 
 
+def interleave_compare(kernels, matrices: dict, rows: list[int], repeats: int) -> dict:
+    """GFLOP/s of the library as built against the same source with interleaving off, alternating."""
+    import ctypes
+    import tempfile
+
+    from radixserve.kernels import cpu_kernels
+
+    path = Path(tempfile.mkdtemp()) / "cpu_kernels_tile_only.so"
+    cpu_kernels.build(path, cpu_kernels.FLAGS + ["-DRS_INTERLEAVE_ROWS=1000000000"])
+    sides = {"interleaved": kernels, "tile_only": cpu_kernels.CpuKernels(ctypes.CDLL(str(path)))}
+    out: dict = {}
+    for name, w in matrices.items():
+        if w.kind not in ("Q4_0", "Q4_1", "Q8_0"):
+            continue
+        lins = {side: BlockLinear([w], None, k, bf16_gemm=False) for side, k in sides.items()}
+        out[name] = {}
+        for n in rows:
+            x = torch.randn(n, w.cols)
+            same = torch.equal(*(sides[s].block_linear(x, lins[s].matrix) for s in sides))
+            times: dict[str, list[float]] = {s: [] for s in sides}
+            for r in range(repeats):
+                for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+                    times[side].append(median_s(lambda: sides[side].block_linear(x, lins[side].matrix), 3, warmup=1))
+            flop = 2 * w.rows * w.cols * n
+            cell = {f"{s}_gflops": round(flop / statistics.median(t) / 1e9, 1) for s, t in times.items()}
+            cell["speedup"] = round(cell["interleaved_gflops"] / cell["tile_only_gflops"], 2)
+            cell["identical"] = same
+            out[name][n] = cell
+            print(name, n, cell, flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32, 64, 128, 512])
@@ -84,6 +122,7 @@ def main() -> None:
     p.add_argument("--prefill", type=int, nargs="*", default=[], help="prompt lengths to time a prefill of")
     p.add_argument("--model", default=None, help="for --prefill (default: the embedded model)")
     p.add_argument("--skip-matrices", action="store_true")
+    p.add_argument("--interleave", action="store_true", help="interleaved rows against tile() alone, legacy types")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     cpu = get_platform(torch.device("cpu"))
@@ -96,6 +135,10 @@ def main() -> None:
                 "1B qkv (Q8_0 3072x2048)": made_matrix("Q8_0", 3072, 2048)}
     report = {"command": "bench/gemm.py " + " ".join(sys.argv[1:]), "machine": machine(),
               "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "matrices": {}}
+    if args.interleave:
+        matrices["1B qkv (Q4_1 3072x2048)"] = made_matrix("Q4_1", 3072, 2048)
+        report["interleave"] = interleave_compare(kernels, matrices, args.rows, args.repeats)
+        args.skip_matrices = True
     for name, w in ({} if args.skip_matrices else matrices).items():
         lin = BlockLinear([w], None, kernels, bf16_gemm=True)
         rows = {}
