@@ -1065,6 +1065,16 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
     return;
   }
 #endif
+  if (n == 2) {
+    // two tokens (two requests decoding): tiles of two by two, not four with two of padding
+#pragma omp for schedule(static) nowait
+    for (int64_t p = 0; p < s.rows / 2; ++p)
+      run_tile<K, 2, 2>(s, 2 * p, 0, 2, row0, m.rows, a, m.bias, out, true);
+#pragma omp for schedule(static) nowait
+    for (int64_t r = s.rows / 2 * 2; r < s.rows; ++r)
+      run_tile<K, 1, 2>(s, r, 0, 2, row0, m.rows, a, m.bias, out, false);
+    return;
+  }
   // chunks of activation rows that stay in L2, each against every weight row; tiles of two weight
   // rows by four activation rows (each unpacked sub-block used four times)
   const int64_t chunk = std::max<int64_t>(4, CHUNK_BYTES / cols / 4 * 4);
