@@ -26,9 +26,12 @@ MAX_PASSED_OVER = 16
 # step (the CPU's whole-layer kernel, CUDA graphs) and every row is computed as a decode computes it,
 # so the text is the same as decoding the run token by token. Longer runs go as an extend.
 MAX_DECODE_ROWS = 32
-# Beside other running requests, a run is computed at most this many rows a step (the rest next
-# step, sampling only once it is all in): a step that carries long runs delays every request that
-# arrives during it (bench/jump_forward.py's TTFT at concurrency 4)
+# Beside other running requests, a run is computed at most this many rows a step, and a step holds
+# at most this many rows of forced runs, all the requests' together (the rest next step; a request
+# samples once its run is all in): a step that carries long runs delays every request that arrives
+# during it. Capped per request only, four requests' runs made steps of up to 32 rows, and time to
+# first token at concurrency 4 came out 11% over --no-jump-forward's; capped per step too, within
+# 1% (bench/jump_forward.py)
 SHARED_RUN_ROWS = 8
 
 
@@ -144,8 +147,10 @@ class Scheduler:
         # not need: a decode carrying a run sits out a step that admits a prompt, never two in a
         # row (bench/jump_forward.py's TTFT at concurrency 4)
         deferred: list[ScheduledItem] = []
+        run_rows = SHARED_RUN_ROWS
         for req in self._decodes_with_pages():
-            n = decode_rows(req) if len(self.running) == 1 else min(decode_rows(req), SHARED_RUN_ROWS)
+            n = decode_rows(req) if len(self.running) == 1 else min(decode_rows(req), SHARED_RUN_ROWS, 1 + run_rows)
+            run_rows -= n - 1
             if n > 1 and self.waiting and not req.run_deferred:
                 deferred.append(ScheduledItem(req, n))
                 continue

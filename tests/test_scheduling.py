@@ -24,6 +24,8 @@ from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.request import OutputStream, Request
 from radixserve.runtime.sampling_params import SamplingParams
 from radixserve.runtime.schedule_policy import CACHE_AWARE_MAX_QUEUE, DFSWeightPolicy, LongestPrefixPolicy
+from radixserve.runtime.scheduler import SHARED_RUN_ROWS
+
 from .schedule_sim import SimEngine
 
 
@@ -388,3 +390,27 @@ def test_priority_must_be_an_integer(make_engine):
 
 def test_lpm_is_the_default_policy():
     assert EngineConfig().schedule_policy == "lpm"
+
+
+def forced_runs_scheduled(requests: int, run: int) -> list[int]:
+    """Rows each running request gets in the step after a forced run of `run` tokens follows its
+    newest token (jump-forward), in the simulator."""
+    sim = SimEngine()
+    rng = random.Random(0)
+    reqs = [sim.submit(random_tokens(rng, 20), max_tokens=64) for _ in range(requests)]
+    while any(not r.output_ids for r in reqs):
+        sim.step()
+    for r in reqs:
+        for _ in range(run):
+            r.append_token(7)
+    return [it.num_tokens for it in sim.scheduler.schedule().decodes]
+
+
+def test_forced_runs_beside_other_requests_share_one_budget_of_rows_a_step():
+    rows = forced_runs_scheduled(requests=4, run=6)
+    assert len(rows) == 4 and min(rows) >= 1   # every request still moves
+    assert sum(n - 1 for n in rows) == SHARED_RUN_ROWS
+
+
+def test_a_request_running_alone_computes_its_whole_forced_run_in_one_step():
+    assert forced_runs_scheduled(requests=1, run=20) == [21]
