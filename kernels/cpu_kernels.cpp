@@ -1027,22 +1027,27 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
     }
 }
 
+// NT tokens against every weight row of a segment, two rows a tile (orphaned loops, as below)
+template <class K, int NT>
+inline void rows_once(const BlockMatrix& m, const BlockSegment& s, int64_t row0, const Acts& a, float* out) {
+#pragma omp for schedule(static) nowait
+  for (int64_t p = 0; p < s.rows / 2; ++p)
+    run_tile<K, 2, NT>(s, 2 * p, 0, NT, row0, m.rows, a, m.bias, out, true);
+#pragma omp for schedule(static) nowait
+  for (int64_t r = s.rows / 2 * 2; r < s.rows; ++r)
+    run_tile<K, 1, NT>(s, r, 0, NT, row0, m.rows, a, m.bias, out, false);
+}
+
 // One segment's rows of out [n, m.rows]. Called by every thread of a team (orphaned worksharing
 // loops, nowait: the caller ends the matrix with a barrier). The activations are padded to a
 // multiple of four rows (QuantizedRows), so that a tile's four always exist; only n are written.
 template <class K>
 void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int64_t n, const Acts& a, float* out) {
   const int64_t cols = m.cols;
-  if (n == 1) {
-    // one token: every weight row read once, four at a time (four independent sums)
-#pragma omp for schedule(static) nowait
-    for (int64_t p = 0; p < s.rows / 2; ++p)
-      run_tile<K, 2, 1>(s, 2 * p, 0, 1, row0, m.rows, a, m.bias, out, true);
-#pragma omp for schedule(static) nowait
-    for (int64_t r = s.rows / 2 * 2; r < s.rows; ++r)
-      run_tile<K, 1, 1>(s, r, 0, 1, row0, m.rows, a, m.bias, out, false);
-    return;
-  }
+  // one or two tokens (one or two requests decoding): every weight row read once, two at a time,
+  // in tiles as wide as the tokens (not four with padding)
+  if (n == 1) return rows_once<K, 1>(m, s, row0, a, out);
+  if (n == 2) return rows_once<K, 2>(m, s, row0, a, out);
 #if defined(__AVX2__) && defined(__FMA__)
   if constexpr (K::SUBS == 1) if (n >= INTERLEAVE_ROWS) {
     // groups of eight interleaved rows (interleave_team made them) that stay in L2, each against
@@ -1065,16 +1070,6 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
     return;
   }
 #endif
-  if (n == 2) {
-    // two tokens (two requests decoding): tiles of two by two, not four with two of padding
-#pragma omp for schedule(static) nowait
-    for (int64_t p = 0; p < s.rows / 2; ++p)
-      run_tile<K, 2, 2>(s, 2 * p, 0, 2, row0, m.rows, a, m.bias, out, true);
-#pragma omp for schedule(static) nowait
-    for (int64_t r = s.rows / 2 * 2; r < s.rows; ++r)
-      run_tile<K, 1, 2>(s, r, 0, 2, row0, m.rows, a, m.bias, out, false);
-    return;
-  }
   // chunks of activation rows that stay in L2, each against every weight row; tiles of two weight
   // rows by four activation rows (each unpacked sub-block used four times)
   const int64_t chunk = std::max<int64_t>(4, CHUNK_BYTES / cols / 4 * 4);
