@@ -90,9 +90,11 @@ def interleave_compare(kernels, matrices: dict, rows: list[int], repeats: int) -
 
     from radixserve.kernels import cpu_kernels
 
-    path = Path(tempfile.mkdtemp()) / "cpu_kernels_tile_only.so"
-    cpu_kernels.build(path, cpu_kernels.FLAGS + ["-DRS_INTERLEAVE_ROWS=1000000000"])
-    sides = {"interleaved": kernels, "tile_only": cpu_kernels.CpuKernels(ctypes.CDLL(str(path)))}
+    with tempfile.TemporaryDirectory() as tmp:   # the loaded library outlives its file
+        path = Path(tmp) / "cpu_kernels_tile_only.so"
+        cpu_kernels.build(path, cpu_kernels.FLAGS + ["-DRS_INTERLEAVE_ROWS=1000000000"])
+        tile_only = cpu_kernels.CpuKernels(ctypes.CDLL(str(path)))
+    sides = {"interleaved": kernels, "tile_only": tile_only}
     out: dict = {}
     for name, w in matrices.items():
         if w.kind not in ("Q4_0", "Q4_1", "Q8_0"):

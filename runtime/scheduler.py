@@ -30,8 +30,8 @@ MAX_DECODE_ROWS = 32
 # at most this many rows of forced runs, all the requests' together (the rest next step; a request
 # samples once its run is all in): a step that carries long runs delays every request that arrives
 # during it. Capped per request only, four requests' runs made steps of up to 32 rows, and time to
-# first token at concurrency 4 came out 11% over --no-jump-forward's; capped per step too, within
-# 1% (bench/jump_forward.py)
+# first token at concurrency 4 came out 11% over --no-jump-forward's; capped per step too, 0.97-1.0x
+# of it in two sittings (bench/jump_forward.py)
 SHARED_RUN_ROWS = 8
 
 
