@@ -1,6 +1,6 @@
 """Bitmask apply time on CPU: 32 rows x 49,152 logits (the default model's vocab), per mask shape
-and dtype, for our CPU path (compiled by inductor: what the engine runs), our eager torch path (its
-fallback), the unpack-and-masked_fill reference and xgrammar's own CPU apply.
+and dtype, for our CPU path (kernels/cpu_kernels.cpp: what the engine runs), our eager torch path
+(its fallback), the unpack-and-masked_fill reference and xgrammar's own CPU apply.
 Prints a table (milliseconds: the median of --runs whole-table runs, each cell of a run the median
 of --repeats calls); never asserts a time.
 
@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/structured.py'
 
 import torch  # noqa: E402
 
-from radixserve.kernels.bitmask import (apply_token_bitmask_compiled, apply_token_bitmask_reference,  # noqa: E402
-                             apply_token_bitmask_torch, pack_bitmask, warm_up_compiled_bitmask)
+from radixserve.kernels import cpu_kernels  # noqa: E402
+from radixserve.kernels.bitmask import (apply_token_bitmask_native, apply_token_bitmask_reference,  # noqa: E402
+                                        apply_token_bitmask_torch, pack_bitmask)
 
 
 def make_masks(rows: int, vocab: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -57,7 +58,7 @@ def json_schema_masks(rows: int, steps: int = 32) -> list[torch.Tensor]:
     walks = []
     for i in range(rows):
         doc = {"title": f"Catalogue {i}", "entries": [items[i % 4](k) for k in range(70)]}
-        tokens = files.tokenizer.encode(json.dumps(doc), add_special_tokens=False)
+        tokens = files.tokenizer.encode(json.dumps(doc, separators=(",", ":")), add_special_tokens=False)
         matcher = backend.matcher(backend.compile(GrammarSpec.json_schema(schemas[i % len(schemas)])))
         for t in tokens[:i]:
             assert matcher.accept_token(t)
@@ -109,13 +110,12 @@ def main() -> None:
     masks = {name: [m] for name, m in make_masks(args.rows, args.vocab, gen).items()}
     if args.vocab == 49152:  # the default model's vocabulary: real grammar masks fit
         masks["json-real"] = json_schema_masks(args.rows)
-    for dtype in (torch.float32, torch.bfloat16):
-        if not warm_up_compiled_bitmask(args.vocab, dtype):
-            sys.exit("compiling is unavailable here: the compiled column would time the eager fallback")
+    if cpu_kernels.load() is None:
+        sys.exit("the CPU kernels are not built here: the native column would time the eager fallback")
     print(f"{args.rows} rows x {args.vocab} logits, torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread(s); median ms of {args.repeats} calls, "
           f"then the median of {args.runs} runs (their range in brackets)")
-    columns = {"compiled": (apply_token_bitmask_compiled, args.repeats),
+    columns = {"native": (apply_token_bitmask_native, args.repeats),
                "eager": (apply_token_bitmask_torch, args.repeats),
                "reference": (apply_token_bitmask_reference, max(10, args.repeats // 20)),
                "xgrammar": (xgr_apply, max(10, args.repeats // 5))}
@@ -148,7 +148,7 @@ def main() -> None:
                 f"{f'{m:.3f} [{lo:.3f}-{hi:.3f}]':>22}" for m, lo, hi in cells.values()))
             report["median_ms"].append({"mask": name, "dtype": dtype_name,
                                         **{c: round(m, 4) for c, (m, _, _) in cells.items()},
-                                        "compiled_runs": [round(v, 4) for v in runs[(name, dtype, "compiled")]]})
+                                        "native_runs": [round(v, 4) for v in runs[(name, dtype, "native")]]})
     # what one full write of the logits costs: the floor for any in-place mask of sparse rows
     fill, lo, hi = cell(("fill", torch.float32, "floor"))
     print(f"floor: logits.fill_(-inf) on the same tensor (fp32): {fill:.3f} [{lo:.3f}-{hi:.3f}] ms")

@@ -11,12 +11,10 @@ are disallowed for masked rows. Rows not listed are never written.
 
 Four implementations, all with that contract:
 - `apply_token_bitmask_reference`: obvious torch (unpack bits, masked_fill). Tests compare to it.
-- `apply_token_bitmask_compiled`: the CPU path: the unpack-and-select written in torch on int32
-  views of the logits and compiled by inductor into one pass over the masked rows (about 3-6x
-  faster than the eager path here). The first call in a process compiles it (~5 s; ~12 s while
-  inductor's disk cache is cold), so the engine calls `warm_up_compiled_bitmask` at start-up.
-  Without a working compiler, and for logits rows that are not whole words apart (a vocabulary
-  that is not a multiple of 32), it falls back to:
+- `apply_token_bitmask_native`: the CPU path: one pass over the listed rows in
+  kernels/cpu_kernels.cpp, selecting bits in the logits' own width (bench/bitmask.py). It is built
+  with the other CPU kernels, so nothing compiles at start-up (inductor's version of the same pass
+  took 5-12 s to compile in each process). Where those kernels are not built it falls back to:
 - `apply_token_bitmask_torch`: eager torch: one pass over the masked rows plus work on the few
   partly allowed words (see `_mask_words_eager`), instead of unpacking every bit.
 - `apply_token_bitmask_triton`: the CUDA kernel (writes -inf where a bit is clear, never reads logits).
@@ -24,9 +22,8 @@ Four implementations, all with that contract:
 """
 from __future__ import annotations
 
-import logging
 import sys
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -39,7 +36,6 @@ except ImportError:  # CPU-only installs without triton: the torch path serves e
 
 _SHIFTS = torch.arange(32, dtype=torch.int32)
 _NEG_INF = float("-inf")
-log = logging.getLogger("radixserve.bitmask")
 
 
 # Rows to mask: a list (what the engine passes on the CPU: no tensor to build and read back), an
@@ -114,27 +110,11 @@ def _bounds(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, tor
     return _BOUND_CACHE[key]
 
 
-# Masks the whole words of a block: ([R, W, 32] logits view, [R, W] int32 words) -> None, in place.
-WordMasker = Callable[[torch.Tensor, torch.Tensor], None]
-
-
 def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor,
                               rows: Rows = None,
                               vocab_size: Optional[int] = None) -> None:
-    """Eager CPU path (other devices fall back to the reference); see `_mask_words_eager`."""
-    _apply_cpu(logits, bitmask, rows, vocab_size, _mask_words_eager)
-
-
-def apply_token_bitmask_compiled(logits: torch.Tensor, bitmask: torch.Tensor,
-                                 rows: Rows = None,
-                                 vocab_size: Optional[int] = None) -> None:
-    """CPU path compiled by inductor (the eager path where compiling is unavailable)."""
-    _apply_cpu(logits, bitmask, rows, vocab_size, _mask_words_compiled)
-
-
-def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: Rows,
-               vocab_size: Optional[int], mask_words: WordMasker) -> None:
-    """Fastest when the masked rows are one block (rows None or consecutive): the words are masked
+    """Eager CPU path (other devices fall back to the reference); see `_mask_words_eager`.
+    Fastest when the masked rows are one block (rows None or consecutive): the words are masked
     on a view. Scattered rows are gathered, masked and written back."""
     n_rows = _check(logits, bitmask, rows)
     if n_rows == 0:
@@ -151,11 +131,11 @@ def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor, rows: Rows,
         whole = first == 0 and n_rows == logits.shape[0]
         block = logits if whole else logits[first:first + n_rows]
         _mask_block(block, bitmask if whole and n_rows == bitmask.shape[0] else bitmask[first:first + n_rows],
-                    limit, mask_words)
+                    limit)
     else:  # scattered rows: gather them, mask, put them back
         index = torch.tensor(row_list)
         block = logits.index_select(0, index)
-        _mask_block(block, bitmask.index_select(0, index), limit, mask_words)
+        _mask_block(block, bitmask.index_select(0, index), limit)
         logits.index_copy_(0, index, block)
 
 
@@ -169,13 +149,13 @@ def _contiguous_range_start(rows: Optional[list[int]]) -> Optional[int]:
     return start if rows == list(range(start, start + len(rows))) else None
 
 
-def _mask_block(block: torch.Tensor, words: torch.Tensor, limit: int, mask_words: WordMasker) -> None:
+def _mask_block(block: torch.Tensor, words: torch.Tensor, limit: int) -> None:
     """Mask every row of `block` ([R, V] on the CPU, unit column stride) with `words` ([R, W])."""
     n_rows = block.shape[0]
     full = limit // 32  # words whose 32 tokens are all below the limit
     if full:
         main = block if full * 32 == block.shape[1] else block[:, :full * 32]
-        mask_words(main.view(n_rows, full, 32), words if full == words.shape[1] else words[:, :full])
+        _mask_words_eager(main.view(n_rows, full, 32), words if full == words.shape[1] else words[:, :full])
     tail = block.shape[1] - full * 32
     if tail:  # the last, partly covered word and anything beyond the limit
         cols = torch.arange(full * 32, block.shape[1])
@@ -255,87 +235,21 @@ def _clear_bits(main: torch.Tensor, bits: np.ndarray, partial: np.ndarray, neg_i
                         neg_inf)
 
 
-# ---- compiled (CPU) --------------------------------------------------------------------------
-def _as_int32(bits: int) -> int:
-    return bits - (1 << 32) if bits >= 1 << 31 else bits
-
-
-# The kernel selects bits in int32 lanes (one fp32 token, or two 16-bit tokens, lowest first), so
-# a NaN logit stays NaN and no float compare runs. Per dtype: (tokens per lane, -inf filling a lane).
-_INT32_LANES = {torch.float32: (1, _as_int32(0xFF800000)), torch.bfloat16: (2, _as_int32(0xFF80FF80)),
-                torch.float16: (2, _as_int32(0xFC00FC00))}
-
-
-def _mask_words_fused(lanes: torch.Tensor, words: torch.Tensor, tokens_per_lane: int, neg_inf: int) -> None:
-    """lanes: [..., 32 / tokens_per_lane] int32 view of the logits, words: lanes.shape[:-1] int32.
-    Each token's bit is shifted into the sign bit, then spread over its token's bits by an
-    arithmetic shift. Inductor turns this into one vectorised loop that reads each word and each
-    logit once."""
-    first = tokens_per_lane * torch.arange(32 // tokens_per_lane, dtype=torch.int32, device=words.device)
-    words = words.unsqueeze(-1)
-    keep = None
-    for t in range(tokens_per_lane):  # token t of each lane: its bits within the lane
-        spread = (words << (31 - t - first)) >> 31
-        if tokens_per_lane > 1:
-            spread = spread & _as_int32(0xFFFF << (16 * t))
-        keep = spread if keep is None else keep | spread
-    lanes.copy_((lanes & keep) | (~keep & neg_inf))
-
-
-_kernels: dict[torch.dtype, Callable[[torch.Tensor, torch.Tensor], None]] = {}
-_compile_failed = False
-
-
-def _compile_kernel(dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """The fused kernel for flat [N, lanes] logits of this dtype, any N. Traced with a symbolic N
-    and handed to inductor directly: a call then costs ~6 us, against ~25 us through
-    torch.compile's frame evaluation and guards (as much as the kernel on a small batch)."""
-    import torch._inductor
-    import torch._inductor.config as inductor_config
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    tokens_per_lane, neg_inf = _INT32_LANES[dtype]
-
-    def kernel(lanes: torch.Tensor, words: torch.Tensor) -> None:
-        _mask_words_fused(lanes, words, tokens_per_lane, neg_inf)
-
-    examples = (torch.zeros(8, 32 // tokens_per_lane, dtype=torch.int32), torch.zeros(8, dtype=torch.int32))
-    graph = make_fx(kernel, tracing_mode="symbolic")(*examples)
-    symbolic_inputs = [node.meta["val"] for node in graph.graph.nodes if node.op == "placeholder"]
-    # one thread: two were within noise of it here (0.098 vs 0.105 ms on 32 x 49k logits, 0.995
-    # vs 0.974 ms on 128 rows), and a kernel without an OpenMP region never waits on a team; one
-    # compile thread: no pool of compile workers left running. Both only for this compile.
-    with inductor_config.patch({"cpp.threads": 1, "compile_threads": 1}):
-        return torch._inductor.compile(graph, symbolic_inputs)
-
-
-def _mask_words_compiled(main: torch.Tensor, words: torch.Tensor) -> None:
-    """The compiled kernel on contiguous blocks (whole rows of a vocabulary that is a multiple of
-    32); the eager path for other layouts, for a single word, and where compiling fails."""
-    global _compile_failed
-    if _compile_failed or main.dtype not in _INT32_LANES or words.numel() <= 1 or not main.is_contiguous():
-        _mask_words_eager(main, words)
+# ---- C++ (CPU) -------------------------------------------------------------------------------
+def apply_token_bitmask_native(logits: torch.Tensor, bitmask: torch.Tensor,
+                               rows: Rows = None,
+                               vocab_size: Optional[int] = None) -> None:
+    """kernels/cpu_kernels.cpp's pass over the listed rows (the eager path where those kernels are
+    not built, or for logits without unit column stride)."""
+    from radixserve.kernels.cpu_kernels import load
+    kernels = load()
+    if kernels is None or logits.device.type != "cpu" or logits.stride(1) != 1:
+        apply_token_bitmask_torch(logits, bitmask, rows, vocab_size)
         return
-    kernel = _kernels.get(main.dtype)
-    if kernel is None:
-        try:
-            kernel = _kernels[main.dtype] = _compile_kernel(main.dtype)
-        except Exception as e:  # e.g. no C++ compiler: the eager path gives the same result, slower
-            _compile_failed = True
-            log.warning("compiling the token-bitmask kernel failed (%s); using the eager torch path",
-                        str(e).splitlines()[0] if str(e) else type(e).__name__)
-            _mask_words_eager(main, words)
-            return
-    lanes = main.view(torch.int32)
-    kernel(lanes.view(-1, lanes.shape[-1]), words.reshape(-1))
-
-
-def warm_up_compiled_bitmask(vocab_size: int, dtype: torch.dtype = torch.float32) -> bool:
-    """Compile the CPU kernel now for logits of this dtype (one kernel serves every batch size and
-    width). Returns False when compiling is unavailable (the eager path serves instead)."""
-    apply_token_bitmask_compiled(torch.zeros(2, vocab_size, dtype=dtype),
-                                 torch.full((2, (vocab_size + 31) // 32), -1, dtype=torch.int32))
-    return not _compile_failed
+    _check(logits, bitmask, rows)
+    bitmask = bitmask.cpu()
+    kernels.token_bitmask_(logits, bitmask if bitmask.stride(1) == 1 else bitmask.contiguous(), _row_list(rows),
+                           _limit(logits, bitmask, vocab_size))
 
 
 # ---- Triton (CUDA) ---------------------------------------------------------------------------
@@ -394,7 +308,7 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
     """Set logits[r, t] = -inf for every r in `rows` (all rows when None) and every token t that
     bitmask[r] does not allow (or t >= vocab_size). In place; other rows are not touched."""
     if logits.device.type == "cpu":
-        apply_token_bitmask_compiled(logits, bitmask, rows, vocab_size)
+        apply_token_bitmask_native(logits, bitmask, rows, vocab_size)
     elif logits.device.type == "cuda" and triton is not None:
         apply_token_bitmask_triton(logits, bitmask.to(logits.device, non_blocking=True), rows, vocab_size)
     else:  # any other device: the reference, on the logits' device

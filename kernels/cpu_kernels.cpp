@@ -1306,6 +1306,33 @@ void decoder_layer(const LayerWeights& w, const DecodeStep& s, int64_t layer, bo
   std::free(h);
 }
 
+// ---- token bitmask: a grammar's allowed tokens ---------------------------------------------------
+// Logits of disallowed tokens become -inf (bits of the logit's own width, so an allowed NaN stays
+// NaN and no float compare runs). Bit j of word w allows token 32w + j; columns from `limit` on are
+// disallowed. Rows `rows` (all when null) of logits and bitmask alike. A word of all ones (inside a
+// JSON string, most of a row) is skipped; the select loop vectorises (vpsrlvd + blend).
+template <typename U>
+void token_bitmask(U* logits, int64_t row_stride, const uint32_t* bitmask, int64_t mask_stride, const int64_t* rows,
+                   int64_t n_rows, int64_t n_cols, int64_t limit, U neg_inf) {
+  const int64_t full = limit / 32;
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int64_t r = rows ? rows[i] : i;
+    U* row = logits + r * row_stride;
+    const uint32_t* words = bitmask + r * mask_stride;
+    for (int64_t w = 0; w < full; ++w) {
+      const uint32_t word = words[w];
+      if (word == 0xFFFFFFFFu) continue;
+      U* x = row + w * 32;
+      for (int j = 0; j < 32; ++j) {
+        const U keep = static_cast<U>(0) - static_cast<U>((word >> j) & 1u);
+        x[j] = static_cast<U>((x[j] & keep) | (neg_inf & ~keep));
+      }
+    }
+    for (int64_t c = full * 32; c < n_cols; ++c)
+      if (c >= limit || !((words[c >> 5] >> (c & 31)) & 1u)) row[c] = neg_inf;
+  }
+}
+
 }  // namespace
 
 // ---- entry points: one per dtype (f32: float32, bf16: bfloat16) ----------------------------------
@@ -1364,4 +1391,17 @@ RS_EXPORT void rs_dequantize_panel_bf16(const BlockMatrix* m, int64_t r0, int64_
 
 RS_EXPORT void rs_decoder_layer(const LayerWeights* w, const DecodeStep* s, int64_t layer, int64_t has_delta) {
   decoder_layer(*w, *s, layer, has_delta != 0);
+}
+
+// logits of 4-byte (float32) or 2-byte (bfloat16, float16) elements; neg_inf: -inf's bits at that width
+RS_EXPORT void rs_token_bitmask(void* logits, int64_t elem_bytes, int64_t row_stride, const int32_t* bitmask,
+                                int64_t mask_stride, const int64_t* rows, int64_t n_rows, int64_t n_cols,
+                                int64_t limit, int64_t neg_inf) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(bitmask);
+  if (elem_bytes == 4)
+    token_bitmask<uint32_t>(static_cast<uint32_t*>(logits), row_stride, words, mask_stride, rows, n_rows, n_cols,
+                            limit, static_cast<uint32_t>(neg_inf));
+  else
+    token_bitmask<uint16_t>(static_cast<uint16_t*>(logits), row_stride, words, mask_stride, rows, n_rows, n_cols,
+                            limit, static_cast<uint16_t>(neg_inf));
 }

@@ -37,6 +37,7 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-err
          "-std=c++17"]
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 MAX_HEAD_DIM = 512   # the kernels' stack buffers
+NEG_INF_BITS = {torch.float32: 0xFF800000, torch.bfloat16: 0xFF80, torch.float16: 0xFC00}
 
 
 def cache_dir() -> Path:
@@ -247,6 +248,9 @@ class CpuKernels:
         self._decoder_layer = lib.rs_decoder_layer
         self._decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(DecodeStep), i64, i64]
         self._decoder_layer.restype = None
+        self._token_bitmask = lib.rs_token_bitmask
+        self._token_bitmask.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64, i64, i64, i64]
+        self._token_bitmask.restype = None
 
     def fn(self, name: str, dtype: torch.dtype):
         return self._fns[name, SUFFIX[dtype]]
@@ -324,6 +328,26 @@ class CpuKernels:
     def decoder_layer(self, weights: LayerWeights, step: DecodeStep, layer: int, has_delta: bool) -> None:
         """One decoder layer over `step` (see kernels/cpu_kernels.cpp and runtime/models/fused_decode.py)."""
         self._decoder_layer(ctypes.byref(weights), ctypes.byref(step), layer, has_delta)
+
+    def token_bitmask_(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[Sequence[int]],
+                       limit: int) -> None:
+        """logits[r, t] = -inf where bit t of bitmask[r] is clear or t >= limit, for r in `rows`
+        (every row when None); in place. Logits: float32, bfloat16 or float16 with unit column
+        stride; bitmask: int32 with unit column stride and at least `limit` bits a row."""
+        assert logits.dtype in NEG_INF_BITS and logits.stride(1) == 1 and logits.device.type == "cpu"
+        assert bitmask.dtype == torch.int32 and bitmask.stride(1) == 1 and bitmask.device.type == "cpu"
+        assert 0 <= limit <= min(logits.shape[1], 32 * bitmask.shape[1])
+        if rows is None:
+            assert bitmask.shape[0] >= logits.shape[0]
+            n, index = logits.shape[0], None
+        else:
+            n = len(rows)
+            if n and not (0 <= min(rows) and max(rows) < min(logits.shape[0], bitmask.shape[0])):
+                raise IndexError("bitmask row out of range")
+            index = (ctypes.c_int64 * n)(*rows)
+        if n:
+            self._token_bitmask(logits.data_ptr(), logits.element_size(), logits.stride(0), bitmask.data_ptr(),
+                                bitmask.stride(0), index, n, logits.shape[1], limit, NEG_INF_BITS[logits.dtype])
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up for contiguous rows [gate | up]."""

@@ -254,15 +254,6 @@ class CpuPlatform(Platform):
     def row_index(self, rows: list[int]) -> Union[list[int], torch.Tensor]:
         return rows   # the compiled mask takes a list: no tensor to build and read back
 
-    def warm_up_kernels(self, vocab_size: int, forward: Callable[[], None]) -> None:
-        # the token-bitmask kernel compiles on the engine thread, whose OpenMP team it then uses;
-        # the attention and linear kernels are built at load (kernels/cpu_kernels.py)
-        from radixserve.kernels.bitmask import warm_up_compiled_bitmask
-        t0 = time.perf_counter()
-        compiled = warm_up_compiled_bitmask(vocab_size)
-        log.info("token-bitmask kernel %s in %.1f s", "compiled" if compiled else "unavailable (eager path)",
-                 time.perf_counter() - t0)
-
 
 @functools.cache
 def get_platform(device: torch.device) -> Platform:

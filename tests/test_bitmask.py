@@ -1,19 +1,19 @@
-"""Token-bitmask apply: both CPU paths (eager torch, compiled by inductor) and the Triton kernel
+"""Token-bitmask apply: both CPU paths (eager torch, the C++ kernel) and the Triton kernel
 against the reference."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-import radixserve.kernels.bitmask as bitmask_module
-from radixserve.kernels.bitmask import (apply_token_bitmask_, apply_token_bitmask_compiled, apply_token_bitmask_reference,
-                             apply_token_bitmask_torch, pack_bitmask, warm_up_compiled_bitmask)
+import radixserve.kernels.cpu_kernels as cpu_kernels
+from radixserve.kernels.bitmask import (apply_token_bitmask_, apply_token_bitmask_native, apply_token_bitmask_reference,
+                                        apply_token_bitmask_torch, pack_bitmask)
 from .triton_interpreter import needs_triton, run_check_under_interpreter
 
 NEG_INF = float("-inf")
 
 
-@pytest.fixture(params=[apply_token_bitmask_torch, apply_token_bitmask_compiled], ids=["eager", "compiled"])
+@pytest.fixture(params=[apply_token_bitmask_torch, apply_token_bitmask_native], ids=["eager", "native"])
 def cpu_path(request):
     return request.param
 
@@ -116,25 +116,39 @@ def test_dispatch_on_cpu_matches_reference():
     assert torch.equal(expected, got)
 
 
-def test_cpu_kernel_compiles_here():
+def test_native_path_keeps_an_allowed_nan_and_masks_a_disallowed_one():
+    logits = torch.full((1, 64), float("nan"))
+    bitmask = torch.tensor([[0x0000FFFF, 0]], dtype=torch.int32)
+    apply_token_bitmask_native(logits, bitmask)
+    assert torch.isnan(logits[0, :16]).all() and torch.isneginf(logits[0, 16:]).all()
+
+
+def test_a_row_listed_twice_is_masked_as_once(cpu_path):
+    logits, bitmask = random_case(3, 96, 0.5, seed=6)
+    expected, got = logits.clone(), logits.clone()
+    apply_token_bitmask_reference(expected, bitmask, [1])
+    cpu_path(got, bitmask, [1, 1])
+    assert torch.equal(expected, got)
+
+
+def test_native_path_refuses_a_row_beyond_the_logits():
+    logits, bitmask = random_case(2, 64, 0.5, seed=7, words=2)
+    with pytest.raises(IndexError):
+        apply_token_bitmask_native(logits, torch.cat([bitmask, bitmask]), [3])
+
+
+def test_native_kernel_is_built_here():
     # the machine that runs the tests has a C++ compiler: the fast path must not silently fall back
-    assert warm_up_compiled_bitmask(4096)
-    assert not bitmask_module._compile_failed
-    assert torch.float32 in bitmask_module._kernels
+    assert cpu_kernels.load() is not None
 
 
-def test_compiled_path_falls_back_to_eager_when_compiling_fails(monkeypatch):
-    def broken(dtype):
-        raise RuntimeError("no C++ compiler")
-    monkeypatch.setattr(bitmask_module, "_compile_kernel", broken)
-    monkeypatch.setattr(bitmask_module, "_kernels", {})  # as in a process that has compiled nothing
-    monkeypatch.setattr(bitmask_module, "_compile_failed", False)
+def test_native_path_falls_back_to_eager_without_the_cpu_kernels(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "load", lambda: None)   # as where no C++ compiler works
     logits, bitmask = random_case(3, 1024, 0.3, seed=5)
     expected, got = logits.clone(), logits.clone()
     apply_token_bitmask_reference(expected, bitmask)
-    apply_token_bitmask_compiled(got, bitmask)
+    apply_token_bitmask_native(got, bitmask)
     assert torch.equal(expected, got)
-    assert bitmask_module._compile_failed
 
 
 @needs_triton

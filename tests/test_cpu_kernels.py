@@ -15,7 +15,7 @@ from radixserve.runtime.models.layer_ops import CpuLayerOps, TorchLayerOps
 from radixserve.runtime.models.rope import cos_sin_table
 
 KERNELS = load()
-# the machines this project runs on have g++ (inductor's bitmask kernel needs one too): a kernel
+# the machines this project runs on have g++ (the token bitmask runs here too): a kernel
 # that does not build is a failure here, not a skip
 assert KERNELS is not None, "the CPU kernels did not build"
 
