@@ -8,6 +8,7 @@ ignored, a new prompt every request (no prefix cache helps). Systems alternate w
 Writes bench/results/real_models.json and prints a table. Never asserts anything about time.
 
     .venv/bin/python bench/real_models.py --models bench/models/llama-1b-Q4_K_M.gguf --rounds 2
+    .venv/bin/python bench/real_models.py --models ... --rounds 5 --load-only   # start-up alone
 """
 from __future__ import annotations
 
@@ -45,12 +46,16 @@ def tree_rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def measure(system: compare.System, model: str, port: int, max_tokens: int, seed: int, log: Path) -> dict:
+def measure(system: compare.System, model: str, port: int, max_tokens: int, seed: int, log: Path,
+            load_only: bool = False) -> dict:
     t0 = time.monotonic()
     proc = compare.start(system, port, model, log)
     out = {"load_s": time.monotonic() - t0, "cells": {}}
     base = f"http://127.0.0.1:{port}/v1"
     try:
+        if load_only:
+            out["rss_mb"] = tree_rss_mb(proc.pid)
+            return out
         served = serving.served_model(base, None)
         single_stream.warm_up(base, served, max_tokens)
         for cell in CELLS:
@@ -74,9 +79,11 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--port", type=int, default=8500)
     p.add_argument("--out", type=Path, default=BENCH / "results" / "real_models.json")
+    p.add_argument("--load-only", action="store_true", help="start, wait for /health, stop: load time and RSS only")
     args = p.parse_args()
     all_systems = single_stream.systems(sys.executable)
-    report = {"machine": compare.machine(), "rounds": args.rounds, "max_tokens": args.max_tokens, "runs": {}}
+    report = {"machine": compare.machine(), "rounds": args.rounds, "max_tokens": args.max_tokens,
+              "load_only": args.load_only, "runs": {}}
     logs = BENCH / "results" / "real_models.logs"
     logs.mkdir(parents=True, exist_ok=True)
     for model in args.models:
@@ -86,7 +93,7 @@ def main() -> None:
             for name in order:
                 print(f"{Path(model).name} round {r}: {name}", flush=True)
                 res = measure(all_systems[name], model, args.port, args.max_tokens, 1000 + r,
-                              logs / f"{Path(model).stem}-{name}-{r}.log")
+                              logs / f"{Path(model).stem}-{name}-{r}.log", args.load_only)
                 runs.setdefault(name, []).append(res)
                 args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report))
@@ -100,7 +107,7 @@ def table(report: dict) -> str:
             if name == "file_mb":
                 continue
             med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
-            c = lambda k, m: med(lambda r: r["cells"][k][m])  # noqa: E731
+            c = lambda k, m: med(lambda r: r["cells"][k][m]) if rs[0]["cells"] else float("nan")  # noqa: E731
             lines.append(f"| {model} ({runs['file_mb']:.0f} MiB) | {name} | {med(lambda r: r['load_s']):.1f} | "
                          f"{c('short c=1', 'tpot_p50_ms'):.1f} | {c('short c=4', 'output_tok_per_s'):.1f} | "
                          f"{c('short c=16', 'output_tok_per_s'):.1f} | {c('long c=1', 'ttft_p50_s'):.2f} | "

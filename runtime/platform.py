@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from radixserve.runtime.cpu_tuning import cpu_flags, retain_freed_memory
+from radixserve.runtime.cpu_tuning import PrefaultedZeros, cpu_flags, retain_freed_memory
 from radixserve.runtime.models.linear import BlockEmbedding, BlockLinear, CpuLinear, Embedding, Linear
 from radixserve.runtime.models.quant import BlockTensor
 
@@ -109,6 +110,11 @@ class Platform:
     def warm_up_kernels(self, vocab_size: int, forward: Callable[[], None]) -> None:
         """Compile what the first step would otherwise stall on; `forward` runs a dummy step of the
         model (every attention kernel of a mixed batch), where compiling happens at the first launch."""
+
+    def zeroed_pair(self, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, Callable[[], None]]:
+        """Two zeroed tensors (the KV pool's K and V) and what stops any background work on them."""
+        return (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device),
+                lambda: None)
 
     def grouped_experts(self, experts: list[tuple]):
         """A MoE layer's experts ((gate_up, down) linear layers) as grouped matmuls where this device
@@ -218,6 +224,14 @@ class CpuPlatform(Platform):
     def default_attention_backend(self) -> str:
         return "cpu" if self.kernels() is not None else "torch"
 
+    def zeroed_pair(self, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, Callable[[], None]]:
+        # zeroed by the OS and mapped ahead in the background: no seconds of memset at load
+        # (bench/real_models.py's load time)
+        numel = math.prod(shape)
+        buffer = PrefaultedZeros(2 * numel * torch.empty(0, dtype=dtype).element_size())
+        k, v = buffer.tensor.view(dtype).view(2, *shape).unbind(0)
+        return k, v, buffer.close
+
     def kernels(self):
         """The CPU kernels (kernels/cpu_kernels.py), built on first use; None without a compiler."""
         from radixserve.kernels import cpu_kernels
@@ -252,7 +266,7 @@ class CpuPlatform(Platform):
         return super().embedding(weight, dtype)
 
     def row_index(self, rows: list[int]) -> Union[list[int], torch.Tensor]:
-        return rows   # the compiled mask takes a list: no tensor to build and read back
+        return rows   # the C++ mask takes a list: no tensor to build and read back
 
 
 @functools.cache

@@ -1,8 +1,14 @@
 """What each platform decides, where it can be checked without its device."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import mmap
+import time
+
 import torch
 
+from radixserve.runtime.cpu_tuning import PrefaultedZeros
 from radixserve.runtime.platform import CpuPlatform, CudaPlatform, HostStaging
 
 
@@ -22,10 +28,61 @@ def test_cpu_staging_uploads_nothing_the_buffer_is_the_tensor():
     staging.writable()[1] = 7
     rows = staging.upload(2)
     assert rows.data_ptr() == staging.host.data_ptr() and rows.tolist() == [[0, 0, 0], [7, 7, 7]]
-    assert platform.row_index([0, 3]) == [0, 3]   # the compiled CPU mask takes the list itself
+    assert platform.row_index([0, 3]) == [0, 3]   # the CPU mask kernel takes the list itself
 
 
 def test_staging_into_a_device_tensor_copies_every_row():
     staging = HostStaging(torch.arange(6).view(2, 3), torch.device("cpu"))
     out = torch.zeros(2, 3, dtype=torch.long)
     assert staging.upload(out=out) is out and out.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def _resident_pages(t: torch.Tensor) -> int:
+    """Pages of t's memory that are mapped (mincore), t page-aligned."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    pages = -(-t.numel() * t.element_size() // mmap.PAGESIZE)
+    vec = ctypes.create_string_buffer(pages)
+    assert libc.mincore(t.data_ptr(), t.numel() * t.element_size(), vec) == 0, ctypes.get_errno()
+    return sum(b & 1 for b in vec.raw)
+
+
+def _wait_mapped(buffer: PrefaultedZeros) -> None:
+    deadline = time.monotonic() + 30
+    while buffer.prefaulting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not buffer.prefaulting
+
+
+def test_cpu_kv_pool_is_zero_and_every_page_gets_mapped_in_the_background():
+    buffer = PrefaultedZeros(48 << 20)
+    _wait_mapped(buffer)
+    assert _resident_pages(buffer.tensor) == (48 << 20) // mmap.PAGESIZE
+    assert int(buffer.tensor.count_nonzero()) == 0
+
+
+def test_cpu_kv_pool_keeps_what_is_written_while_its_pages_are_mapped():
+    buffer = PrefaultedZeros(200 << 20)
+    values = torch.arange(1, 1 + (200 << 20) // 4096, dtype=torch.int32)
+    buffer.tensor.view(torch.int32)[::1024] = values   # one word a page, racing the mapping thread
+    _wait_mapped(buffer)
+    assert torch.equal(buffer.tensor.view(torch.int32)[::1024], values)
+
+
+def test_closing_the_cpu_kv_pool_stops_its_mapping_thread():
+    buffer = PrefaultedZeros(1 << 30)
+    buffer.close()
+    assert not buffer.prefaulting
+    buffer.tensor[-1] = 5   # the memory outlives the thread
+    assert int(buffer.tensor[-1]) == 5
+
+
+def test_cpu_platform_gives_the_kv_pool_zeroed_k_and_v_of_the_asked_shape():
+    k, v, release = CpuPlatform(torch.device("cpu")).zeroed_pair((2, 3, 4, 5), torch.bfloat16)
+    try:
+        assert k.shape == v.shape == (2, 3, 4, 5) and k.dtype == v.dtype == torch.bfloat16
+        assert k.is_contiguous() and v.is_contiguous() and not k.any() and not v.any()
+        k.fill_(1)
+        assert not v.any()   # K and V do not overlap
+    finally:
+        release()
