@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -1306,6 +1307,135 @@ void decoder_layer(const LayerWeights& w, const DecodeStep& s, int64_t layer, bo
   std::free(h);
 }
 
+// ---- dense experts of a MoE layer (float32 or bfloat16 weights) -----------------------------------
+// A decode step's experts in one call: each chosen expert's gate-up rows, then the activation, then
+// its down rows, then each token's weighted sum in expert order. Tokens routed to the same expert
+// share each weight row while it is in L1. A (token, expert) pair's dot products run in the same
+// order whatever else is in the batch, so a token's output is the same alone or batched.
+struct DenseExperts {
+  const void* const* gate_up;         // per expert: [2 * inter, hidden] rows [gate | up]
+  const void* const* down;            // per expert: [hidden, inter]
+  const float* const* gate_up_bias;   // per expert, or null: [2 * inter] float32
+  const float* const* down_bias;      // per expert, or null: [hidden] float32
+  int64_t experts, hidden, inter;
+  int64_t clamped;                    // 0: silu(gate) * up; 1: gpt-oss's clamped SwiGLU
+  float limit, alpha;
+};
+
+// out[t] = dot(w, x[t]) for NT tokens reading the same weight row (each token's sums in the same
+// order for any NT)
+template <class T, int NT>
+inline void dot_row(const T* w, const float* const* x, int64_t n, float* out) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[NT][2];
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m256 w0 = load8(w + i), w1 = load8(w + i + 8);
+    for (int t = 0; t < NT; ++t) {
+      acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[t] + i), acc[t][0]);
+      acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[t] + i + 8), acc[t][1]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = hsum(_mm256_add_ps(acc[t][0], acc[t][1]));
+#else
+  for (int t = 0; t < NT; ++t) out[t] = 0.0f;
+#endif
+  for (int t = 0; t < NT; ++t)
+    for (int64_t j = i; j < n; ++j) out[t] += to_f(w[j]) * x[t][j];
+}
+
+// rows [r0, r1) of `w` ([rows, n]) against the tokens of one expert: y[p][r] for p in pairs
+template <class T>
+void expert_rows(const T* w, const float* bias, int64_t n, int64_t r0, int64_t r1, const float* const* x,
+                 float* const* y, int64_t count) {
+  float res[4];
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* row = w + r * n;
+    if (r + 1 < r1) __builtin_prefetch(row + n);
+    const float b = bias ? bias[r] : 0.0f;
+    int64_t p = 0;
+    for (; p + 4 <= count; p += 4) {
+      dot_row<T, 4>(row, x + p, n, res);
+      for (int q = 0; q < 4; ++q) y[p + q][r] = res[q] + b;
+    }
+    for (; p < count; ++p) {
+      dot_row<T, 1>(row, x + p, n, res);
+      y[p][r] = res[0] + b;
+    }
+  }
+}
+
+inline float expert_act(const DenseExperts& m, float g, float u) {
+  if (!m.clamped) return g / (1.0f + std::exp(-g)) * u;
+  g = std::min(g, m.limit);
+  u = std::max(std::min(u, m.limit), -m.limit);
+  return (u + 1.0f) * (g / (1.0f + std::exp(-m.alpha * g)));
+}
+
+// x: float32 [T, hidden]; ids / weights: [T, k] (each token's experts and their router weights);
+// out: float32 [T, hidden]
+template <class T>
+void dense_experts(const DenseExperts& m, const float* x, int64_t n_tok, const int64_t* ids, const float* weights,
+                   int64_t k, float* out) {
+  const int64_t H = m.hidden, I = m.inter, P = n_tok * k;
+  // pairs p = t * k + j sorted by (expert, token): one group of positions per expert in use
+  std::vector<int64_t> start(m.experts + 1, 0), pos_of(P), used;
+  for (int64_t p = 0; p < P; ++p) start[ids[p] + 1]++;
+  for (int64_t e = 0; e < m.experts; ++e) start[e + 1] += start[e];
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  std::vector<const float*> xs(P), as(P);
+  std::vector<float*> hs(P), ys(P);
+  std::vector<float> h(P * 2 * I), a(P * I), y(P * H);
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t pos = next[ids[p]]++;
+    pos_of[p] = pos;
+    xs[pos] = x + p / k * H;
+    hs[pos] = h.data() + pos * 2 * I;
+    as[pos] = a.data() + pos * I;
+    ys[pos] = y.data() + pos * H;
+  }
+  for (int64_t e = 0; e < m.experts; ++e)
+    if (start[e + 1] > start[e]) used.push_back(e);
+  constexpr int64_t CHUNK = 16;   // rows a work item: enough items for the team at one token
+  const int64_t n_used = used.size(), gu_chunks = (2 * I + CHUNK - 1) / CHUNK, down_chunks = (H + CHUNK - 1) / CHUNK;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < n_used * gu_chunks; ++item) {
+      const int64_t e = used[item / gu_chunks], r0 = item % gu_chunks * CHUNK, g0 = start[e];
+      expert_rows<T>(static_cast<const T*>(m.gate_up[e]), m.gate_up_bias ? m.gate_up_bias[e] : nullptr, H, r0,
+                     std::min(r0 + CHUNK, 2 * I), xs.data() + g0, hs.data() + g0, start[e + 1] - g0);
+    }
+#pragma omp for schedule(static)
+    for (int64_t pos = 0; pos < P; ++pos) {
+      const float* g = hs[pos];
+      float* out_a = a.data() + pos * I;
+      for (int64_t i = 0; i < I; ++i) out_a[i] = expert_act(m, g[i], g[I + i]);
+    }
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < n_used * down_chunks; ++item) {
+      const int64_t e = used[item / down_chunks], r0 = item % down_chunks * CHUNK, g0 = start[e];
+      expert_rows<T>(static_cast<const T*>(m.down[e]), m.down_bias ? m.down_bias[e] : nullptr, I, r0,
+                     std::min(r0 + CHUNK, H), as.data() + g0, ys.data() + g0, start[e + 1] - g0);
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n_tok; ++t) {
+      // this token's slots in ascending expert id (a token's experts are distinct)
+      std::vector<int64_t> slots(k);
+      for (int64_t j = 0; j < k; ++j) slots[j] = j;
+      std::sort(slots.begin(), slots.end(), [&](int64_t u, int64_t v) { return ids[t * k + u] < ids[t * k + v]; });
+      float* o = out + t * H;
+      std::fill(o, o + H, 0.0f);
+      for (int64_t j : slots) {
+        const float w = weights[t * k + j];
+        const float* yp = ys[pos_of[t * k + j]];
+        for (int64_t c = 0; c < H; ++c) o[c] += w * yp[c];
+      }
+    }
+  }
+}
+
 // ---- token bitmask: a grammar's allowed tokens ---------------------------------------------------
 // Logits of disallowed tokens become -inf (bits of the logit's own width, so an allowed NaN stays
 // NaN and no float compare runs). Bit j of word w allows token 32w + j; columns from `limit` on are
@@ -1405,3 +1535,10 @@ RS_EXPORT void rs_token_bitmask(void* logits, int64_t elem_bytes, int64_t row_st
     token_bitmask<uint16_t>(static_cast<uint16_t*>(logits), row_stride, words, mask_stride, rows, n_rows, n_cols,
                             limit, static_cast<uint16_t>(neg_inf));
 }
+
+#define RS_DENSE_EXPERTS(NAME, T)                                                                              \
+  RS_EXPORT void rs_dense_experts_##NAME(const DenseExperts* m, const float* x, int64_t n_tok, const int64_t* ids, \
+                                         const float* weights, int64_t k, float* out) {                         \
+    dense_experts<T>(*m, x, n_tok, ids, weights, k, out);                                                      \
+  }
+RS_BOTH(RS_DENSE_EXPERTS)

@@ -215,6 +215,37 @@ class LayerWeights(ctypes.Structure):
                 ("input_norm", _vp), ("post_norm", _vp), ("eps", _f32c)]
 
 
+class DenseExperts(ctypes.Structure):
+    _fields_ = [("gate_up", _vp), ("down", _vp), ("gate_up_bias", _vp), ("down_bias", _vp), ("experts", _i64),
+                ("hidden", _i64), ("inter", _i64), ("clamped", _i64), ("limit", _f32c), ("alpha", _f32c)]
+
+    @classmethod
+    def of(cls, gate_up: Sequence[torch.Tensor], down: Sequence[torch.Tensor],
+           gate_up_bias: Optional[Sequence[torch.Tensor]], down_bias: Optional[Sequence[torch.Tensor]],
+           clamped: bool, limit: float, alpha: float) -> "DenseExperts":
+        """A MoE layer's experts: contiguous weights gate_up [2I, H] (rows [gate | up]) and down
+        [H, I], all float32 or all bfloat16, and float32 biases (or None); the tensors are kept
+        alive with the struct."""
+        dtype = gate_up[0].dtype
+        inter, hidden = gate_up[0].shape[0] // 2, gate_up[0].shape[1]
+        assert dtype in SUFFIX and all(w.dtype == dtype and w.is_contiguous() for w in (*gate_up, *down))
+        assert all(w.shape == (2 * inter, hidden) for w in gate_up) and all(w.shape == (hidden, inter) for w in down)
+        keep = [list(gate_up), list(down)]
+
+        def table(ts):
+            if ts is None:
+                return None
+            arr = (_vp * len(ts))(*[t.data_ptr() for t in ts])
+            keep.append(arr)
+            return ctypes.cast(arr, _vp)
+        biases = [None if b is None else [t.float().contiguous() for t in b] for b in (gate_up_bias, down_bias)]
+        keep += [b for b in biases if b is not None]
+        m = cls(table(gate_up), table(down), table(biases[0]), table(biases[1]), len(gate_up), hidden, inter,
+                int(clamped), limit, alpha)
+        m.keep, m.dtype = keep, dtype
+        return m
+
+
 class DecodeStep(ctypes.Structure):
     _fields_ = [("x", _vp), ("delta", _vp), ("rows", _i64), ("cos", _vp), ("sin", _vp), ("positions", _vp),
                 ("out_slots", _vp), ("attention", ctypes.POINTER(PagedDecode))]
@@ -248,6 +279,10 @@ class CpuKernels:
         self._decoder_layer = lib.rs_decoder_layer
         self._decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(DecodeStep), i64, i64]
         self._decoder_layer.restype = None
+        for suffix in SUFFIX.values():
+            fn = getattr(lib, f"rs_dense_experts_{suffix}")
+            fn.argtypes, fn.restype = [ctypes.POINTER(DenseExperts), ptr, i64, ptr, ptr, i64, ptr], None
+            self._fns["dense_experts", suffix] = fn
         self._token_bitmask = lib.rs_token_bitmask
         self._token_bitmask.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64, i64, i64, i64]
         self._token_bitmask.restype = None
@@ -328,6 +363,20 @@ class CpuKernels:
     def decoder_layer(self, weights: LayerWeights, step: DecodeStep, layer: int, has_delta: bool) -> None:
         """One decoder layer over `step` (see kernels/cpu_kernels.cpp and runtime/models/fused_decode.py)."""
         self._decoder_layer(ctypes.byref(weights), ctypes.byref(step), layer, has_delta)
+
+    def dense_experts(self, m: DenseExperts, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] float32 through each token's experts `ids` [T, k] (distinct in a row),
+        weighted by `weights` [T, k] float32 and added in expert order -> float32 [T, hidden]."""
+        t, hidden = x.shape
+        assert x.dtype == torch.float32 and x.is_contiguous() and hidden == m.hidden
+        assert ids.dtype == torch.int64 and ids.is_contiguous() and ids.shape[0] == t
+        assert weights.dtype == torch.float32 and weights.is_contiguous() and weights.shape == ids.shape
+        if t and not (0 <= int(ids.min()) and int(ids.max()) < m.experts):
+            raise IndexError("expert id out of range")
+        out = torch.empty(t, hidden)
+        self.fn("dense_experts", m.dtype)(ctypes.byref(m), x.data_ptr(), t, ids.data_ptr(), weights.data_ptr(),
+                                          ids.shape[1], out.data_ptr())
+        return out
 
     def token_bitmask_(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[Sequence[int]],
                        limit: int) -> None:

@@ -117,6 +117,7 @@ def sort_rows(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.
 class GroupedExperts:
     """One layer's experts as stacked weights: gate_up [E, 2I, H] (and bias [E, 2I]), down [E, H, I]
     (and bias [E, H]), all in the model's dtype on the device."""
+    max_tokens = float("inf")   # every step, prefill included
 
     def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, gate_up_bias: Optional[torch.Tensor] = None,
                  down_bias: Optional[torch.Tensor] = None):

@@ -116,9 +116,10 @@ class Platform:
         return (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device),
                 lambda: None)
 
-    def grouped_experts(self, experts: list[tuple]):
-        """A MoE layer's experts ((gate_up, down) linear layers) as grouped matmuls where this device
-        has them (kernels/triton_moe.py), else None: the per-expert loop."""
+    def grouped_experts(self, experts: list[tuple], act):
+        """A MoE layer's experts ((gate_up, down) linear layers; `act`: their ExpertAct) as one
+        call where this device has one (kernels/triton_moe.py on CUDA, the C++ kernels' dense
+        experts on the CPU), else None: the per-expert loop."""
         return None
 
     def staging(self, host: torch.Tensor) -> HostStaging:
@@ -160,7 +161,7 @@ class CudaPlatform(Platform):
     def staging(self, host: torch.Tensor) -> HostStaging:
         return CudaHostStaging(host, self.device)
 
-    def grouped_experts(self, experts: list[tuple]):
+    def grouped_experts(self, experts: list[tuple], act):
         from radixserve.kernels import triton_moe
         if triton_moe.triton is None or not all(type(layer) is Linear for pair in experts for layer in pair):
             return None
@@ -231,6 +232,10 @@ class CpuPlatform(Platform):
         buffer = PrefaultedZeros(2 * numel * torch.empty(0, dtype=dtype).element_size())
         k, v = buffer.tensor.view(dtype).view(2, *shape).unbind(0)
         return k, v, buffer.close
+
+    def grouped_experts(self, experts: list[tuple], act):
+        from radixserve.runtime.models.moe import CpuExperts
+        return CpuExperts.of(self.kernels(), experts, act)
 
     def kernels(self):
         """The CPU kernels (kernels/cpu_kernels.py), built on first use; None without a compiler."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from radixserve.runtime.models.linear import Linear
+from radixserve.runtime.models.moe import SWIGLU
 from radixserve.runtime.platform import get_platform
 
 from .triton_interpreter import needs_triton, run_check_under_interpreter
@@ -22,11 +23,7 @@ def dense_experts(n: int = 3) -> list[tuple]:
 @needs_triton
 def test_cuda_platform_groups_dense_experts_into_one_copy():
     experts = dense_experts()
-    grouped = get_platform(torch.device("cuda")).grouped_experts(experts)   # builds on the experts' device
+    grouped = get_platform(torch.device("cuda")).grouped_experts(experts, SWIGLU)   # builds on the experts' device
     assert grouped.gate_up.shape == (3, 8, 4) and grouped.down.shape == (3, 4, 4)
     # the experts' own weights are now views of the stacks: one copy in memory
     assert all(g.weight.data_ptr() == grouped.gate_up[e].data_ptr() for e, (g, _) in enumerate(experts))
-
-
-def test_the_cpu_keeps_the_per_expert_loop():
-    assert get_platform(torch.device("cpu")).grouped_experts(dense_experts()) is None

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from radixserve.runtime.forward_batch import ForwardBatch
 from radixserve.runtime.models.config import ModelConfig
-from radixserve.runtime.models.moe import SparseMoE, clamped_swiglu
+from radixserve.runtime.models.moe import SWIGLU, SparseMoE, clamped_swiglu
 from radixserve.runtime.models.rope import cos_sin_table
 from radixserve.runtime.platform import Platform
 
@@ -38,7 +38,7 @@ class DecoderLayer:
         self.k_norm = norm(a + "k_norm.weight") if cfg.qk_norm else None
         self.gate_up = self.down = self.moe = None
         if cfg.is_moe_layer(index):
-            self.moe = _sparse_moe(cfg, w, p, linear, ops, platform, dtype)
+            self.moe = _sparse_moe(cfg, w, p, linear, platform, dtype)
         else:
             m = p + "mlp."
             self.gate_up = linear([m + "gate_up_proj"] if m + "gate_up_proj.weight" in w else [m + "gate_proj", m + "up_proj"])
@@ -109,11 +109,11 @@ class DecoderLayer:
         return x, y
 
 
-def _sparse_moe(cfg: ModelConfig, w: dict, p: str, linear, ops, platform: Platform, dtype: torch.dtype) -> SparseMoE:
+def _sparse_moe(cfg: ModelConfig, w: dict, p: str, linear, platform: Platform, dtype: torch.dtype) -> SparseMoE:
     """Layer `p`'s experts under Mixtral's names (block_sparse_moe, w1 / w3 / w2), Qwen3-MoE's, or
     gpt-oss's (every expert in one tensor, gate and up interleaved, with biases)."""
     if p + "mlp.router.weight" in w:
-        return _gpt_oss_moe(cfg, w, p + "mlp.", ops, platform, dtype)
+        return _gpt_oss_moe(cfg, w, p + "mlp.", platform, dtype)
     if p + "block_sparse_moe.gate.weight" in w:
         m, names = p + "block_sparse_moe.", ("w1", "w3", "w2")
     else:
@@ -122,11 +122,11 @@ def _sparse_moe(cfg: ModelConfig, w: dict, p: str, linear, ops, platform: Platfo
     experts = [(linear([f"{m}experts.{e}.{gate}", f"{m}experts.{e}.{up}"]), linear([f"{m}experts.{e}.{down}"]))
                for e in range(cfg.num_experts)]
     router = w[m + "gate.weight"].to(platform.device, torch.float32)
-    return SparseMoE(router, experts, cfg.experts_per_token, cfg.norm_topk_prob, ops.silu_mul,
-                     grouped=platform.grouped_experts(experts))
+    return SparseMoE(router, experts, cfg.experts_per_token, cfg.norm_topk_prob, SWIGLU,
+                     grouped=platform.grouped_experts(experts, SWIGLU))
 
 
-def _gpt_oss_moe(cfg: ModelConfig, w: dict, m: str, ops, platform: Platform, dtype: torch.dtype) -> SparseMoE:
+def _gpt_oss_moe(cfg: ModelConfig, w: dict, m: str, platform: Platform, dtype: torch.dtype) -> SparseMoE:
     # [experts, hidden, 2 * inter] with gate and up interleaved: each expert's [gate | up] rows
     gate_up, gate_up_b = w[m + "experts.gate_up_proj"], w[m + "experts.gate_up_proj_bias"]
     down, down_b = w[m + "experts.down_proj"], w[m + "experts.down_proj_bias"]
@@ -135,8 +135,9 @@ def _gpt_oss_moe(cfg: ModelConfig, w: dict, m: str, ops, platform: Platform, dty
                 platform.linear([down[e].t().contiguous()], down_b[e], dtype)) for e in range(cfg.num_experts)]
     router = w[m + "router.weight"].to(platform.device, torch.float32)
     bias = w[m + "router.bias"].to(platform.device, torch.float32)
-    return SparseMoE(router, experts, cfg.experts_per_token, True, clamped_swiglu(cfg.swiglu_limit, cfg.swiglu_alpha),
-                     router_bias=bias, softmax_after_topk=True, grouped=platform.grouped_experts(experts))
+    act = clamped_swiglu(cfg.swiglu_limit, cfg.swiglu_alpha)
+    return SparseMoE(router, experts, cfg.experts_per_token, True, act, router_bias=bias, softmax_after_topk=True,
+                     grouped=platform.grouped_experts(experts, act))
 
 
 class LlamaForCausalLM:

@@ -4,26 +4,77 @@ experts, and each expert runs once over the tokens routed to it.
 Each expert's gate-up and down projections are the platform's linear layers, so a GGUF's blocks
 run on the block kernels and a step reads only the experts its tokens chose: the cost follows the
 active parameters, not the total. On CUDA the loop, which reads the chosen experts back to the
-host, gives way to two grouped matmuls over every expert (kernels/triton_moe.py). A token's
+host, gives way to two grouped matmuls over every expert (kernels/triton_moe.py); on the CPU,
+dense experts of a decode step run as one C++ call (`CpuExperts`). A token's
 output adds its experts' weighted outputs in expert order, whatever else is in the batch, so
 routing and sums are the same alone or batched.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
 
-def clamped_swiglu(limit: float, alpha: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """gpt-oss's expert activation on rows [gate | up]: gate clamped above at `limit`, up to
-    [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate)."""
-    def act(gate_up: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class ExpertAct:
+    """An expert's activation on rows [gate | up]: SwiGLU, silu(gate) * up; or, with `limit`,
+    gpt-oss's clamped form: gate clamped above at `limit`, up to [-limit, limit], then
+    (up + 1) * gate * sigmoid(alpha * gate). A value, so that a kernel can take it as its own."""
+    limit: Optional[float] = None
+    alpha: float = 1.0
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
-        gate = gate.clamp(max=limit)
-        return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * alpha))
-    return act
+        if self.limit is None:
+            return F.silu(gate) * up
+        gate = gate.clamp(max=self.limit)
+        return (up.clamp(-self.limit, self.limit) + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
+SWIGLU = ExpertAct()
+
+
+def clamped_swiglu(limit: float, alpha: float) -> ExpertAct:
+    return ExpertAct(limit, alpha)
+
+
+class CpuExperts:
+    """A MoE layer's dense experts (float32 or bfloat16) as one C++ call over the chosen experts
+    (kernels/cpu_kernels.cpp: dense_experts), for steps of up to `max_tokens` tokens: the per-expert
+    loop spends ~10 torch ops an expert, which at one token costs as much as the weights' reads.
+    Longer steps (prefill) take the loop, whose matmuls tile for cache."""
+    max_tokens = 128   # beyond, the loop's matmuls won at 512 tokens in float32 here (2-core Zen 3)
+
+    def __init__(self, kernels, experts: list[tuple], act: ExpertAct):
+        from radixserve.kernels.cpu_kernels import DenseExperts
+        bias = lambda layers: None if layers[0].bias is None else [layer.bias for layer in layers]  # noqa: E731
+        gate_up, down = [g for g, _ in experts], [d for _, d in experts]
+        self.kernels, self.act = kernels, act
+        self.m = DenseExperts.of([g.weight for g in gate_up], [d.weight for d in down], bias(gate_up), bias(down),
+                                 act.limit is not None, act.limit or 0.0, act.alpha)
+
+    @classmethod
+    def of(cls, kernels, experts: list[tuple], act: ExpertAct) -> Optional["CpuExperts"]:
+        """None unless every expert is a dense contiguous float32 or bfloat16 layer of one shape."""
+        from radixserve.runtime.models.linear import Linear
+        layers = [layer for pair in experts for layer in pair]
+        if kernels is None or not isinstance(act, ExpertAct) or not all(
+                isinstance(layer, Linear) and not layer.quantized and layer.weight.is_contiguous() for layer in layers):
+            return None
+        gate_up, down = experts[0][0].weight, experts[0][1].weight
+        if gate_up.dtype not in (torch.float32, torch.bfloat16) or gate_up.shape[0] != 2 * down.shape[1] or any(
+                g.weight.shape != gate_up.shape or d.weight.shape != down.shape or g.weight.dtype != gate_up.dtype
+                or d.weight.dtype != gate_up.dtype or (g.bias is None) != (experts[0][0].bias is None)
+                or (d.bias is None) != (experts[0][1].bias is None) for g, d in experts):
+            return None
+        return cls(kernels, experts, act)
+
+    def __call__(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, act: ExpertAct) -> torch.Tensor:
+        assert act == self.act
+        return self.kernels.dense_experts(self.m, h.float().contiguous(), ids.contiguous(), weights.float().contiguous())
 
 
 class SparseMoE:
@@ -53,7 +104,7 @@ class SparseMoE:
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """h: [T, hidden] normed activations -> [T, hidden] in h's dtype (summed in float32)."""
         weights, ids = self.route(h)
-        if self.grouped is not None:
+        if self.grouped is not None and h.shape[0] <= self.grouped.max_tokens:
             return self.grouped(h, weights, ids, self.act).to(h.dtype)
         out = torch.zeros(h.shape[0], h.shape[1], dtype=torch.float32, device=h.device)
         hit = torch.zeros(len(self.experts), dtype=torch.bool, device=ids.device)
