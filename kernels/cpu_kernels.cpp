@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 #if defined(__AVX2__) && defined(__FMA__)
@@ -1366,73 +1367,125 @@ void expert_rows(const T* w, const float* bias, int64_t n, int64_t r0, int64_t r
   }
 }
 
-inline float expert_act(const DenseExperts& m, float g, float u) {
-  if (!m.clamped) return g / (1.0f + std::exp(-g)) * u;
-  g = std::min(g, m.limit);
-  u = std::max(std::min(u, m.limit), -m.limit);
-  return (u + 1.0f) * (g / (1.0f + std::exp(-m.alpha * g)));
+inline float expert_act(int64_t clamped, float limit, float alpha, float g, float u) {
+  if (!clamped) return g / (1.0f + std::exp(-g)) * u;
+  g = std::min(g, limit);
+  u = std::max(std::min(u, limit), -limit);
+  return (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
 }
 
-// x: float32 [T, hidden]; ids / weights: [T, k] (each token's experts and their router weights);
-// out: float32 [T, hidden]
+// A step's (token, expert) pairs p = t * k + j, sorted by (expert, token): positions
+// start[e]..start[e + 1] hold expert e's tokens, ascending
+struct ExpertPairs {
+  std::vector<int64_t> start, pos_of, token, used;
+  ExpertPairs(const int64_t* ids, int64_t n_tok, int64_t k, int64_t experts)
+      : start(experts + 1, 0), pos_of(n_tok * k), token(n_tok * k) {
+    for (int64_t p = 0; p < n_tok * k; ++p) start[ids[p] + 1]++;
+    for (int64_t e = 0; e < experts; ++e) start[e + 1] += start[e];
+    std::vector<int64_t> next(start.begin(), start.end() - 1);
+    for (int64_t p = 0; p < n_tok * k; ++p) {
+      pos_of[p] = next[ids[p]]++;
+      token[pos_of[p]] = p / k;
+    }
+    for (int64_t e = 0; e < experts; ++e)
+      if (start[e + 1] > start[e]) used.push_back(e);
+  }
+};
+
+// out[t] = the sum over t's experts, in ascending id, of its router weight times the expert's
+// output row y[pos] (width H). Called by every thread of a team.
+inline void combine_team(const ExpertPairs& pr, const int64_t* ids, const float* weights, int64_t n_tok, int64_t k,
+                         const float* y, int64_t H, float* out) {
+#pragma omp for schedule(static)
+  for (int64_t t = 0; t < n_tok; ++t) {
+    std::vector<int64_t> slots(k);   // a token's experts are distinct
+    for (int64_t j = 0; j < k; ++j) slots[j] = j;
+    std::sort(slots.begin(), slots.end(), [&](int64_t u, int64_t v) { return ids[t * k + u] < ids[t * k + v]; });
+    float* o = out + t * H;
+    std::fill(o, o + H, 0.0f);
+    for (int64_t j : slots) {
+      const float w = weights[t * k + j];
+      const float* yp = y + pr.pos_of[t * k + j] * H;
+      for (int64_t c = 0; c < H; ++c) o[c] += w * yp[c];
+    }
+  }
+}
+
 template <class T>
 void dense_experts(const DenseExperts& m, const float* x, int64_t n_tok, const int64_t* ids, const float* weights,
                    int64_t k, float* out) {
   const int64_t H = m.hidden, I = m.inter, P = n_tok * k;
-  // pairs p = t * k + j sorted by (expert, token): one group of positions per expert in use
-  std::vector<int64_t> start(m.experts + 1, 0), pos_of(P), used;
-  for (int64_t p = 0; p < P; ++p) start[ids[p] + 1]++;
-  for (int64_t e = 0; e < m.experts; ++e) start[e + 1] += start[e];
-  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  const ExpertPairs pr(ids, n_tok, k, m.experts);
+  std::vector<float> h(P * 2 * I), a(P * I), y(P * H);
   std::vector<const float*> xs(P), as(P);
   std::vector<float*> hs(P), ys(P);
-  std::vector<float> h(P * 2 * I), a(P * I), y(P * H);
-  for (int64_t p = 0; p < P; ++p) {
-    const int64_t pos = next[ids[p]]++;
-    pos_of[p] = pos;
-    xs[pos] = x + p / k * H;
+  for (int64_t pos = 0; pos < P; ++pos) {
+    xs[pos] = x + pr.token[pos] * H;
     hs[pos] = h.data() + pos * 2 * I;
     as[pos] = a.data() + pos * I;
     ys[pos] = y.data() + pos * H;
   }
-  for (int64_t e = 0; e < m.experts; ++e)
-    if (start[e + 1] > start[e]) used.push_back(e);
   constexpr int64_t CHUNK = 16;   // rows a work item: enough items for the team at one token
-  const int64_t n_used = used.size(), gu_chunks = (2 * I + CHUNK - 1) / CHUNK, down_chunks = (H + CHUNK - 1) / CHUNK;
+  const int64_t n_used = pr.used.size(), gu_chunks = (2 * I + CHUNK - 1) / CHUNK, down_chunks = (H + CHUNK - 1) / CHUNK;
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < n_used * gu_chunks; ++item) {
-      const int64_t e = used[item / gu_chunks], r0 = item % gu_chunks * CHUNK, g0 = start[e];
+      const int64_t e = pr.used[item / gu_chunks], r0 = item % gu_chunks * CHUNK, g0 = pr.start[e];
       expert_rows<T>(static_cast<const T*>(m.gate_up[e]), m.gate_up_bias ? m.gate_up_bias[e] : nullptr, H, r0,
-                     std::min(r0 + CHUNK, 2 * I), xs.data() + g0, hs.data() + g0, start[e + 1] - g0);
+                     std::min(r0 + CHUNK, 2 * I), xs.data() + g0, hs.data() + g0, pr.start[e + 1] - g0);
     }
 #pragma omp for schedule(static)
-    for (int64_t pos = 0; pos < P; ++pos) {
-      const float* g = hs[pos];
-      float* out_a = a.data() + pos * I;
-      for (int64_t i = 0; i < I; ++i) out_a[i] = expert_act(m, g[i], g[I + i]);
-    }
+    for (int64_t pos = 0; pos < P; ++pos)
+      for (int64_t i = 0; i < I; ++i) a[pos * I + i] = expert_act(m.clamped, m.limit, m.alpha, hs[pos][i], hs[pos][I + i]);
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < n_used * down_chunks; ++item) {
-      const int64_t e = used[item / down_chunks], r0 = item % down_chunks * CHUNK, g0 = start[e];
+      const int64_t e = pr.used[item / down_chunks], r0 = item % down_chunks * CHUNK, g0 = pr.start[e];
       expert_rows<T>(static_cast<const T*>(m.down[e]), m.down_bias ? m.down_bias[e] : nullptr, I, r0,
-                     std::min(r0 + CHUNK, H), as.data() + g0, ys.data() + g0, start[e + 1] - g0);
+                     std::min(r0 + CHUNK, H), as.data() + g0, ys.data() + g0, pr.start[e + 1] - g0);
     }
+    combine_team(pr, ids, weights, n_tok, k, y.data(), H, out);
+  }
+}
+
+// The same for block-quantized experts (a GGUF's stacked expert tensors, one BlockMatrix view per
+// expert): each expert's tokens are quantized and multiplied by the block kernels as one batch, so
+// a token's row is the same alone or batched, as everywhere on the block kernels.
+struct BlockExperts {
+  const BlockMatrix* gate_up;   // per expert: [2 * inter, hidden], rows [gate | up], bias included
+  const BlockMatrix* down;      // per expert: [hidden, inter]
+  int64_t experts, hidden, inter, clamped;
+  float limit, alpha;
+};
+
+void block_experts(const BlockExperts& m, const float* x, int64_t n_tok, const int64_t* ids, const float* weights,
+                   int64_t k, float* out) {
+  const int64_t H = m.hidden, I = m.inter, P = n_tok * k;
+  const ExpertPairs pr(ids, n_tok, k, m.experts);
+  const int64_t n_used = pr.used.size();
+  std::vector<float> h(P * 2 * I), a(P * I), y(P * H);
+  std::vector<std::unique_ptr<QuantizedRows>> qx, qa;
+  for (int64_t e : pr.used) {
+    qx.emplace_back(new QuantizedRows(pr.start[e + 1] - pr.start[e], H));
+    qa.emplace_back(new QuantizedRows(pr.start[e + 1] - pr.start[e], I));
+  }
+#pragma omp parallel
+  {
+    for (int64_t u = 0; u < n_used; ++u) {
+      const int64_t e = pr.used[u], g0 = pr.start[e], count = pr.start[e + 1] - g0;
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < n_tok; ++t) {
-      // this token's slots in ascending expert id (a token's experts are distinct)
-      std::vector<int64_t> slots(k);
-      for (int64_t j = 0; j < k; ++j) slots[j] = j;
-      std::sort(slots.begin(), slots.end(), [&](int64_t u, int64_t v) { return ids[t * k + u] < ids[t * k + v]; });
-      float* o = out + t * H;
-      std::fill(o, o + H, 0.0f);
-      for (int64_t j : slots) {
-        const float w = weights[t * k + j];
-        const float* yp = ys[pos_of[t * k + j]];
-        for (int64_t c = 0; c < H; ++c) o[c] += w * yp[c];
+      for (int64_t i = 0; i < count; ++i) qx[u]->quantize(x + pr.token[g0 + i] * H, i, 0, H, H);
+      matmul_team(m.gate_up[e], count, qx[u]->view(H), h.data() + g0 * 2 * I);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < count; ++i) {
+        const float* g = h.data() + (g0 + i) * 2 * I;
+        float* act = a.data() + (g0 + i) * I;
+        for (int64_t c = 0; c < I; ++c) act[c] = expert_act(m.clamped, m.limit, m.alpha, g[c], g[I + c]);
+        qa[u]->quantize(act, i, 0, I, I);
       }
+      matmul_team(m.down[e], count, qa[u]->view(I), y.data() + g0 * H);
     }
+    combine_team(pr, ids, weights, n_tok, k, y.data(), H, out);
   }
 }
 
@@ -1542,3 +1595,8 @@ RS_EXPORT void rs_token_bitmask(void* logits, int64_t elem_bytes, int64_t row_st
     dense_experts<T>(*m, x, n_tok, ids, weights, k, out);                                                      \
   }
 RS_BOTH(RS_DENSE_EXPERTS)
+
+RS_EXPORT void rs_block_experts(const BlockExperts* m, const float* x, int64_t n_tok, const int64_t* ids,
+                                const float* weights, int64_t k, float* out) {
+  block_experts(*m, x, n_tok, ids, weights, k, out);
+}

@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -246,6 +246,23 @@ class DenseExperts(ctypes.Structure):
         return m
 
 
+class BlockExperts(ctypes.Structure):
+    _fields_ = [("gate_up", ctypes.POINTER(BlockMatrix)), ("down", ctypes.POINTER(BlockMatrix)), ("experts", _i64),
+                ("hidden", _i64), ("inter", _i64), ("clamped", _i64), ("limit", _f32c), ("alpha", _f32c)]
+
+    @classmethod
+    def of(cls, gate_up: Sequence[BlockMatrix], down: Sequence[BlockMatrix], clamped: bool, limit: float,
+           alpha: float) -> "BlockExperts":
+        """A MoE layer's block-quantized experts: gate_up [2I, H] (rows [gate | up]) and down [H, I]
+        per expert, as BlockLinear holds them (their blocks stay where they are)."""
+        inter, hidden = gate_up[0].rows // 2, gate_up[0].cols
+        assert all((g.rows, g.cols, d.rows, d.cols) == (2 * inter, hidden, hidden, inter) for g, d in zip(gate_up, down))
+        gu, dn = (BlockMatrix * len(gate_up))(*gate_up), (BlockMatrix * len(down))(*down)
+        m = cls(gu, dn, len(gate_up), hidden, inter, int(clamped), limit, alpha)
+        m.keep = (gu, dn, list(gate_up), list(down))
+        return m
+
+
 class DecodeStep(ctypes.Structure):
     _fields_ = [("x", _vp), ("delta", _vp), ("rows", _i64), ("cos", _vp), ("sin", _vp), ("positions", _vp),
                 ("out_slots", _vp), ("attention", ctypes.POINTER(PagedDecode))]
@@ -283,6 +300,9 @@ class CpuKernels:
             fn = getattr(lib, f"rs_dense_experts_{suffix}")
             fn.argtypes, fn.restype = [ctypes.POINTER(DenseExperts), ptr, i64, ptr, ptr, i64, ptr], None
             self._fns["dense_experts", suffix] = fn
+        self._block_experts = lib.rs_block_experts
+        self._block_experts.argtypes = [ctypes.POINTER(BlockExperts), ptr, i64, ptr, ptr, i64, ptr]
+        self._block_experts.restype = None
         self._token_bitmask = lib.rs_token_bitmask
         self._token_bitmask.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64, i64, i64, i64]
         self._token_bitmask.restype = None
@@ -364,7 +384,8 @@ class CpuKernels:
         """One decoder layer over `step` (see kernels/cpu_kernels.cpp and runtime/models/fused_decode.py)."""
         self._decoder_layer(ctypes.byref(weights), ctypes.byref(step), layer, has_delta)
 
-    def dense_experts(self, m: DenseExperts, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def experts(self, m: Union[DenseExperts, BlockExperts], x: torch.Tensor, ids: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] float32 through each token's experts `ids` [T, k] (distinct in a row),
         weighted by `weights` [T, k] float32 and added in expert order -> float32 [T, hidden]."""
         t, hidden = x.shape
@@ -374,8 +395,8 @@ class CpuKernels:
         if t and not (0 <= int(ids.min()) and int(ids.max()) < m.experts):
             raise IndexError("expert id out of range")
         out = torch.empty(t, hidden)
-        self.fn("dense_experts", m.dtype)(ctypes.byref(m), x.data_ptr(), t, ids.data_ptr(), weights.data_ptr(),
-                                          ids.shape[1], out.data_ptr())
+        fn = self._block_experts if isinstance(m, BlockExperts) else self.fn("dense_experts", m.dtype)
+        fn(ctypes.byref(m), x.data_ptr(), t, ids.data_ptr(), weights.data_ptr(), ids.shape[1], out.data_ptr())
         return out
 
     def token_bitmask_(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[Sequence[int]],

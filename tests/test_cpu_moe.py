@@ -120,3 +120,39 @@ def test_moe_families_run_their_dense_experts_as_one_cpu_call(arch, make_engine,
     engine = make_engine(load_model_files(str(tmp_path / arch)), kv_cache_tokens=256)
     moes = [layer.moe for layer in engine.model.layers if layer.moe is not None]
     assert moes and all(isinstance(moe.grouped, CpuExperts) for moe in moes)
+
+
+# ---- block-quantized experts (a GGUF's stacked expert tensors) ----------------------------------
+def block_experts(kind: str, n: int, hidden: int, inter: int, seed: int) -> list[tuple]:
+    import numpy as np
+    from radixserve.runtime.models.linear import BlockLinear
+    from radixserve.runtime.models.quant import BlockTensor
+    from .kquants import random_blocks
+    rng = np.random.default_rng(seed)
+    t = lambda rows, cols: BlockTensor(kind, random_blocks(kind, rows, cols, rng, scale=0.05), cols)  # noqa: E731
+    return [(BlockLinear([t(inter, hidden), t(inter, hidden)], None, KERNELS), BlockLinear([t(hidden, inter)], None, KERNELS))
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q4_K"])
+def test_block_experts_match_their_per_expert_loop(kind):
+    layers = block_experts(kind, 6, 256, 256, seed=19)
+    router = torch.randn(6, 256, generator=torch.Generator().manual_seed(20))
+    loop = SparseMoE(router, layers, 2, True, SWIGLU)
+    fused = SparseMoE(router, layers, 2, True, SWIGLU, grouped=get_platform(torch.device("cpu")).grouped_experts(layers, SWIGLU))
+    assert isinstance(fused.grouped, CpuExperts)
+    h = torch.randn(9, 256, generator=torch.Generator().manual_seed(21))
+    expected = loop(h)
+    # the two compute silu in different float steps, and the down projection rounds its input to
+    # int8 blocks: a value on a rounding boundary may land one step apart
+    torch.testing.assert_close(fused(h), expected, rtol=0, atol=2e-3 * float(expected.abs().max()))
+
+
+def test_a_tokens_output_through_block_experts_is_the_same_alone_or_in_a_batch():
+    layers = block_experts("Q8_0", 5, 128, 64, seed=22)
+    ids, weights = routing(11, 5, 2, seed=23)
+    x = torch.randn(11, 128, generator=torch.Generator().manual_seed(24))
+    experts = CpuExperts.of(KERNELS, layers, SWIGLU)
+    batched = experts(x, weights, ids, SWIGLU)
+    alone = torch.cat([experts(x[t:t + 1], weights[t:t + 1], ids[t:t + 1], SWIGLU) for t in range(11)])
+    assert torch.equal(batched, alone)

@@ -42,27 +42,39 @@ def clamped_swiglu(limit: float, alpha: float) -> ExpertAct:
 
 
 class CpuExperts:
-    """A MoE layer's dense experts (float32 or bfloat16) as one C++ call over the chosen experts
-    (kernels/cpu_kernels.cpp: dense_experts), for steps of up to `max_tokens` tokens: the per-expert
-    loop spends ~10 torch ops an expert, which at one token costs as much as the weights' reads.
-    Longer steps (prefill) take the loop, whose matmuls tile for cache."""
+    """A MoE layer's experts as one C++ call over the chosen experts (kernels/cpu_kernels.cpp:
+    dense_experts for float32 / bfloat16 weights, block_experts for a GGUF's block-quantized ones),
+    for steps of up to `max_tokens` tokens: the per-expert loop spends ~10 torch ops an expert,
+    which at one token costs as much as reading its weights (bench/families.py). Longer steps
+    (prefill) take the loop, whose matmuls tile for cache."""
     max_tokens = 128   # beyond, the loop's matmuls won at 512 tokens in float32 here (2-core Zen 3)
 
     def __init__(self, kernels, experts: list[tuple], act: ExpertAct):
-        from radixserve.kernels.cpu_kernels import DenseExperts
-        bias = lambda layers: None if layers[0].bias is None else [layer.bias for layer in layers]  # noqa: E731
+        from radixserve.kernels.cpu_kernels import BlockExperts, DenseExperts
         gate_up, down = [g for g, _ in experts], [d for _, d in experts]
         self.kernels, self.act = kernels, act
+        clamped, limit = act.limit is not None, act.limit or 0.0
+        if gate_up[0].quantized:
+            self.m = BlockExperts.of([g.matrix for g in gate_up], [d.matrix for d in down], clamped, limit, act.alpha)
+            return
+        bias = lambda layers: None if layers[0].bias is None else [layer.bias for layer in layers]  # noqa: E731
         self.m = DenseExperts.of([g.weight for g in gate_up], [d.weight for d in down], bias(gate_up), bias(down),
-                                 act.limit is not None, act.limit or 0.0, act.alpha)
+                                 clamped, limit, act.alpha)
 
     @classmethod
     def of(cls, kernels, experts: list[tuple], act: ExpertAct) -> Optional["CpuExperts"]:
-        """None unless every expert is a dense contiguous float32 or bfloat16 layer of one shape."""
-        from radixserve.runtime.models.linear import Linear
+        """None unless the experts are all block-quantized, or all dense contiguous float32 or
+        bfloat16 layers of one shape and dtype."""
+        from radixserve.runtime.models.linear import BlockLinear, Linear
         layers = [layer for pair in experts for layer in pair]
-        if kernels is None or not isinstance(act, ExpertAct) or not all(
-                isinstance(layer, Linear) and not layer.quantized and layer.weight.is_contiguous() for layer in layers):
+        if kernels is None or not isinstance(act, ExpertAct):
+            return None
+        if all(isinstance(layer, BlockLinear) for layer in layers):
+            g, d = experts[0][0].matrix, experts[0][1].matrix
+            same = all((gu.matrix.rows, gu.matrix.cols, dn.matrix.rows, dn.matrix.cols) == (g.rows, g.cols, d.rows, d.cols)
+                       for gu, dn in experts)
+            return cls(kernels, experts, act) if same and g.rows == 2 * d.cols and g.cols == d.rows else None
+        if not all(isinstance(layer, Linear) and not layer.quantized and layer.weight.is_contiguous() for layer in layers):
             return None
         gate_up, down = experts[0][0].weight, experts[0][1].weight
         if gate_up.dtype not in (torch.float32, torch.bfloat16) or gate_up.shape[0] != 2 * down.shape[1] or any(
@@ -74,7 +86,7 @@ class CpuExperts:
 
     def __call__(self, h: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, act: ExpertAct) -> torch.Tensor:
         assert act == self.act
-        return self.kernels.dense_experts(self.m, h.float().contiguous(), ids.contiguous(), weights.float().contiguous())
+        return self.kernels.experts(self.m, h.float().contiguous(), ids.contiguous(), weights.float().contiguous())
 
 
 class SparseMoE:
