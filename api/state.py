@@ -30,6 +30,7 @@ class ServerState:
         self.tool_call_format_name = tool_call_format  # None / auto: the chat template's (tool_formats.py)
         self.tool_format = FORMATS["hermes"]
         self.tool_markers_special = False
+        self.stop_markup: dict[int, str] = {}   # stop token ids that are the tool format's markup
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine)
         self.token_texts: Optional[TokenTexts] = None
@@ -41,10 +42,21 @@ class ServerState:
     def attach(self, engine: EngineClient) -> None:
         """The model is loaded: start answering."""
         self.token_texts = TokenTexts(engine.tokenizer)
-        self.tool_format = tool_format(self.tool_call_format_name, engine.tokenizer.chat_template)
-        # the parser needs the markup's special tokens in the text it reads
+        stop_ids = set(engine.model_config.eos_token_ids) | set(engine.tokenizer.eos_token_ids)
+        self.tool_format = tool_format(self.tool_call_format_name, engine.tokenizer.chat_template).for_model(
+            engine.tokenizer, stop_ids)
+        # the parser needs the markup's special tokens in the text it reads, a stop token's too
         self.tool_markers_special = special_markers(self.tool_format, engine.tokenizer)
+        self.stop_markup = {i: m for i, m in engine.tokenizer.markup_ids().items()
+                            if m in self.tool_format.stop_markers}
         self.engine = engine
+
+    def stop_markup_text(self, out) -> str:
+        """The markup an output ended on as its stop token (a call's <|call|>, which the text
+        leaves out as it leaves out every stop token), for the tool-call parser; else ""."""
+        if out.finish_reason == "stop" and out.token_ids and out.token_ids[-1] in self.stop_markup:
+            return self.stop_markup[out.token_ids[-1]]
+        return ""
 
     @property
     def ready(self) -> bool:

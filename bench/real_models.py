@@ -9,6 +9,7 @@ Writes bench/results/real_models.json and prints a table. Never asserts anything
 
     .venv/bin/python bench/real_models.py --models bench/models/llama-1b-Q4_K_M.gguf --rounds 2
     .venv/bin/python bench/real_models.py --models ... --rounds 5 --load-only   # start-up alone
+    .venv/bin/python bench/real_models.py --models bench/models/llama-8b-Q4_K_M.gguf --cells "short c=1"
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def tree_rss_mb(pid: int) -> float:
 
 
 def measure(system: compare.System, model: str, port: int, max_tokens: int, seed: int, log: Path,
-            load_only: bool = False) -> dict:
+            load_only: bool = False, cells: tuple[Cell, ...] = CELLS) -> dict:
     t0 = time.monotonic()
     proc = compare.start(system, port, model, log)
     out = {"load_s": time.monotonic() - t0, "cells": {}}
@@ -58,7 +59,7 @@ def measure(system: compare.System, model: str, port: int, max_tokens: int, seed
             return out
         served = serving.served_model(base, None)
         single_stream.warm_up(base, served, max_tokens)
-        for cell in CELLS:
+        for cell in cells:
             r = asyncio.run(single_stream.run_cell(base, served, cell, seed, max_tokens))
             out["cells"][single_stream.key(cell)] = {
                 "tpot_p50_ms": r["tpot_s"]["p50"] * 1e3, "ttft_p50_s": r["ttft_s"]["p50"],
@@ -80,6 +81,8 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8500)
     p.add_argument("--out", type=Path, default=BENCH / "results" / "real_models.json")
     p.add_argument("--load-only", action="store_true", help="start, wait for /health, stop: load time and RSS only")
+    p.add_argument("--cells", nargs="+", choices=[single_stream.key(c) for c in CELLS],
+                   help="measure only these (an 8B shape's ~3k prefill takes minutes a system here)")
     args = p.parse_args()
     all_systems = single_stream.systems(sys.executable)
     report = {"machine": compare.machine(), "rounds": args.rounds, "max_tokens": args.max_tokens,
@@ -93,7 +96,8 @@ def main() -> None:
             for name in order:
                 print(f"{Path(model).name} round {r}: {name}", flush=True)
                 res = measure(all_systems[name], model, args.port, args.max_tokens, 1000 + r,
-                              logs / f"{Path(model).stem}-{name}-{r}.log", args.load_only)
+                              logs / f"{Path(model).stem}-{name}-{r}.log", args.load_only,
+                              tuple(c for c in CELLS if args.cells is None or single_stream.key(c) in args.cells))
                 runs.setdefault(name, []).append(res)
                 args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report))
@@ -107,7 +111,7 @@ def table(report: dict) -> str:
             if name == "file_mb":
                 continue
             med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
-            c = lambda k, m: med(lambda r: r["cells"][k][m]) if rs[0]["cells"] else float("nan")  # noqa: E731
+            c = lambda k, m: med(lambda r: r["cells"][k][m]) if k in rs[0]["cells"] else float("nan")  # noqa: E731
             lines.append(f"| {model} ({runs['file_mb']:.0f} MiB) | {name} | {med(lambda r: r['load_s']):.1f} | "
                          f"{c('short c=1', 'tpot_p50_ms'):.1f} | {c('short c=4', 'output_tok_per_s'):.1f} | "
                          f"{c('short c=16', 'output_tok_per_s'):.1f} | {c('long c=1', 'ttft_p50_s'):.2f} | "

@@ -256,7 +256,8 @@ class BlockExperts(ctypes.Structure):
         """A MoE layer's block-quantized experts: gate_up [2I, H] (rows [gate | up]) and down [H, I]
         per expert, as BlockLinear holds them (their blocks stay where they are)."""
         inter, hidden = gate_up[0].rows // 2, gate_up[0].cols
-        assert all((g.rows, g.cols, d.rows, d.cols) == (2 * inter, hidden, hidden, inter) for g, d in zip(gate_up, down))
+        assert all((g.rows, g.cols, d.rows, d.cols) == (2 * inter, hidden, hidden, inter)
+                   for g, d in zip(gate_up, down))
         gu, dn = (BlockMatrix * len(gate_up))(*gate_up), (BlockMatrix * len(down))(*down)
         m = cls(gu, dn, len(gate_up), hidden, inter, int(clamped), limit, alpha)
         m.keep = (gu, dn, list(gate_up), list(down))

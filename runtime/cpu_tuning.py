@@ -60,7 +60,8 @@ class PrefaultedZeros:
 
     def __init__(self, nbytes: int):
         self._map = mmap.mmap(-1, max(nbytes, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self.tensor = torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
+        self.tensor = (torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes) if nbytes
+                       else torch.empty(0, dtype=torch.uint8))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._populate, name="kv-prefault", daemon=True)
         self._thread.start()

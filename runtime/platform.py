@@ -113,8 +113,8 @@ class Platform:
 
     def zeroed_pair(self, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, Callable[[], None]]:
         """Two zeroed tensors (the KV pool's K and V) and what stops any background work on them."""
-        return (torch.zeros(shape, dtype=dtype, device=self.device), torch.zeros(shape, dtype=dtype, device=self.device),
-                lambda: None)
+        zeros = lambda: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
+        return zeros(), zeros(), lambda: None
 
     def grouped_experts(self, experts: list[tuple], act):
         """A MoE layer's experts ((gate_up, down) linear layers; `act`: their ExpertAct) as one

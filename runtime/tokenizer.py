@@ -16,6 +16,12 @@ from radixserve.grammar.vocab import VocabInfo, detect_vocab_type
 
 # Turn-ending tokens: chat models stop on these even where the file's eos id names another token.
 TURN_END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>")
+# The tool-call formats' markup (api/openai/tool_formats.py). Where a tokenizer has one of these as a
+# special token (Mistral's [TOOL_CALLS], harmony's channels), it is the model's own way to write it:
+# grammars match it as its text, so that an `auto` call can begin with it. Stop tokens among them
+# stay stop tokens.
+TOOL_MARKUP_TOKENS = ("<tool_call>", "</tool_call>", "<|python_tag|>", "[TOOL_CALLS]", "<|start|>", "<|channel|>",
+                      "<|message|>", "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
 
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -83,14 +89,21 @@ class Tokenizer:
         (defaults to the tokenizer's size); `extra_stop_ids` adds stop ids (e.g. the config's eos)."""
         tokens = [self.tok.id_to_token(i) for i in range(self.vocab_size)]
         added = self.tok.get_added_tokens_decoder()
+        stops = set(self.eos_token_ids) | set(extra_stop_ids)
+        markup = {i for i in self.markup_ids() if i not in stops}
         return VocabInfo(
             tokens=tuple(tokens),
             vocab_type=detect_vocab_type(tokens, repr(self.tok.decoder)),
-            stop_token_ids=tuple(sorted(set(self.eos_token_ids) | set(extra_stop_ids))),
+            stop_token_ids=tuple(sorted(stops)),
             model_vocab_size=model_vocab_size or self.vocab_size,
-            special_token_ids=frozenset(self.special_ids),
-            literal_token_ids=frozenset(i for i, t in added.items() if not t.special),
+            special_token_ids=frozenset(self.special_ids - markup),
+            literal_token_ids=frozenset({i for i, t in added.items() if not t.special} | markup),
         )
+
+    def markup_ids(self) -> dict[int, str]:
+        """This tokenizer's special tokens that are tool-call markup: id -> text."""
+        ids = {self.tok.token_to_id(t): t for t in TOOL_MARKUP_TOKENS}
+        return {i: t for i, t in ids.items() if i is not None and i in self.special_ids}
 
     def save(self, directory: str | Path) -> None:
         """Write tokenizer.json and tokenizer_config.json (used to build test model directories)."""

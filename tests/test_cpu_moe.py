@@ -80,7 +80,8 @@ def test_moe_layer_on_cpu_experts_matches_its_per_expert_loop(act):
     layers = make_experts(6, 48, 32, torch.float32, biases=act is GPT_OSS, seed=9)
     router = torch.randn(6, 48, generator=torch.Generator().manual_seed(10))
     loop = SparseMoE(router, layers, 2, True, act)
-    fused = SparseMoE(router, layers, 2, True, act, grouped=get_platform(torch.device("cpu")).grouped_experts(layers, act))
+    grouped = get_platform(torch.device("cpu")).grouped_experts(layers, act)
+    fused = SparseMoE(router, layers, 2, True, act, grouped=grouped)
     assert isinstance(fused.grouped, CpuExperts)
     h = torch.randn(5, 48, generator=torch.Generator().manual_seed(11))
     assert torch.allclose(fused(h), loop(h), rtol=1e-5, atol=1e-5)
@@ -130,8 +131,8 @@ def block_experts(kind: str, n: int, hidden: int, inter: int, seed: int) -> list
     from .kquants import random_blocks
     rng = np.random.default_rng(seed)
     t = lambda rows, cols: BlockTensor(kind, random_blocks(kind, rows, cols, rng, scale=0.05), cols)  # noqa: E731
-    return [(BlockLinear([t(inter, hidden), t(inter, hidden)], None, KERNELS), BlockLinear([t(hidden, inter)], None, KERNELS))
-            for _ in range(n)]
+    return [(BlockLinear([t(inter, hidden), t(inter, hidden)], None, KERNELS),
+             BlockLinear([t(hidden, inter)], None, KERNELS)) for _ in range(n)]
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q4_K"])
@@ -139,7 +140,8 @@ def test_block_experts_match_their_per_expert_loop(kind):
     layers = block_experts(kind, 6, 256, 256, seed=19)
     router = torch.randn(6, 256, generator=torch.Generator().manual_seed(20))
     loop = SparseMoE(router, layers, 2, True, SWIGLU)
-    fused = SparseMoE(router, layers, 2, True, SWIGLU, grouped=get_platform(torch.device("cpu")).grouped_experts(layers, SWIGLU))
+    grouped = get_platform(torch.device("cpu")).grouped_experts(layers, SWIGLU)
+    fused = SparseMoE(router, layers, 2, True, SWIGLU, grouped=grouped)
     assert isinstance(fused.grouped, CpuExperts)
     h = torch.randn(9, 256, generator=torch.Generator().manual_seed(21))
     expected = loop(h)

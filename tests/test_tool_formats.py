@@ -197,3 +197,80 @@ def test_harmony_reasoning_becomes_a_responses_reasoning_item_before_the_calls()
     assert builder.items[0]["content"] == [{"type": "reasoning_text", "text": "They want weather and time."}]
     deltas = "".join(e["delta"] for e in stream if e["type"] == "response.reasoning_text.delta")
     assert deltas == "They want weather and time." and builder.output_text == "Let me check."
+
+
+# ---- markup that is the tokenizer's own special tokens (Mistral's, gpt-oss's) -------------------
+def test_every_formats_markers_are_known_markup_tokens():
+    from radixserve.runtime.tokenizer import TOOL_MARKUP_TOKENS
+    assert all(set(fmt.markers) <= set(TOOL_MARKUP_TOKENS) for fmt in FORMATS.values())
+
+
+@pytest.fixture(scope="module")
+def special_markup_tokenizer(default_tokenizer):
+    """The default tokenizer with every tool markup token added as a special token, the call end
+    <|call|> among its stop tokens, as gpt-oss's generation config has it."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from radixserve.runtime.tokenizer import TOOL_MARKUP_TOKENS, Tokenizer
+    tok = HFTokenizer.from_str(default_tokenizer.tok.to_str())
+    tok.add_special_tokens(list(TOOL_MARKUP_TOKENS))
+    return Tokenizer(tok, None, default_tokenizer.bos_token_id, tok.token_to_id("<|call|>"), False)
+
+
+def _matcher(tokenizer, structural_tag: dict):
+    from radixserve.grammar import GrammarSpec, make_grammar_backend
+    backend = make_grammar_backend("xgrammar", tokenizer.vocab_info())
+    return backend, backend.matcher(backend.compile(GrammarSpec.structural_tag(structural_tag)))
+
+
+def _allowed(backend, matcher, token: int) -> bool:
+    bitmask = backend.allocate_bitmask(1)
+    backend.fill_bitmask([matcher], bitmask, [0])
+    return bool((int(bitmask[0, token // 32]) >> (token % 32)) & 1)
+
+
+def test_an_auto_call_may_begin_with_the_models_own_special_marker(special_markup_tokenizer):
+    tok = special_markup_tokenizer
+    backend, matcher = _matcher(tok, FORMATS["mistral"].for_model(tok, tok.eos_token_ids).structural_tag(
+        [ToolDefinition.model_validate(t) for t in TOOLS], single=False))
+    marker = tok.tok.token_to_id("[TOOL_CALLS]")
+    assert _allowed(backend, matcher, marker) and matcher.accept_token(marker)
+    for t in tok.encode('[{"name": "get_time", "arguments": {"timezone":"CET"}}]', add_special_tokens=False):
+        assert matcher.accept_token(t)
+    assert all(_allowed(backend, matcher, s) for s in tok.eos_token_ids)
+
+
+def test_a_harmony_call_ends_on_the_call_marker_that_is_the_models_stop_token(special_markup_tokenizer):
+    tok = special_markup_tokenizer
+    fmt = FORMATS["harmony"].for_model(tok, tok.eos_token_ids)
+    assert fmt.stop_markers == {"<|call|>"}
+    tools = [ToolDefinition.model_validate(t) for t in TOOLS]
+    backend, matcher = _matcher(tok, fmt.structural_tag(tools, single=False))
+    text = fmt.header("get_time") + '{"timezone":"CET"}'   # the grammar's JSON is compact
+    ids = tok.encode("<|start|>assistant" + text, add_special_tokens=False)
+    assert tok.tok.token_to_id("<|channel|>") in ids and tok.tok.token_to_id("<|message|>") in ids   # one token each
+    for t in ids:
+        assert matcher.accept_token(t)
+    call = tok.tok.token_to_id("<|call|>")
+    assert _allowed(backend, matcher, call) and matcher.accept_token(call) and matcher.is_terminated()
+
+
+def test_markup_that_is_not_special_in_a_tokenizer_keeps_its_tag_end(default_tokenizer):
+    fmt = FORMATS["harmony"].for_model(default_tokenizer, default_tokenizer.eos_token_ids)
+    assert not fmt.stop_markers
+    tools = [ToolDefinition.model_validate(t) for t in TOOLS]
+    assert {tag["end"] for tag in fmt.structural_tag(tools, False)["tags"]} == {"<|call|>"}
+
+
+def test_a_harmony_call_that_ends_on_its_stop_token_is_read_as_a_call(special_markup_tokenizer, default_model_files):
+    from types import SimpleNamespace
+    from radixserve.api.state import ServerState
+    from radixserve.runtime.request import RequestOutput
+    tok = special_markup_tokenizer
+    state = ServerState(None, "tiny", None, tool_call_format="harmony")
+    state.attach(SimpleNamespace(tokenizer=tok, model_config=default_model_files.config))   # what attach reads
+    parser = ToolPlan("auto", [ToolDefinition.model_validate(t) for t in TOOLS], format=state.tool_format).new_parser()
+    reply = "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>" + '{"timezone":"CET"}'
+    last = RequestOutput("r", reply, [1, 2, tok.tok.token_to_id("<|call|>")], finish_reason="stop")
+    events = parser.feed(last.text + state.stop_markup_text(last)) + parser.finish()
+    assert [e.call.name for e in events if isinstance(e, CallDone)] == ["get_time"]
+    assert not [e for e in events if isinstance(e, TextDelta) and e.text.strip()]

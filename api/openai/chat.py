@@ -132,7 +132,7 @@ class _ChatReply:
                 choice.record(out)
                 parser = self.parsers[choice.index]
                 if parser is not None:
-                    events[choice.index] += parser.feed(out.text)
+                    events[choice.index] += parser.feed(out.text + self.state.stop_markup_text(out))
                     if out.finished:
                         events[choice.index] += parser.finish()
 
@@ -188,7 +188,8 @@ class _ChatReply:
             if parser is None:
                 events: list[ParserEvent] = [TextDelta(out.text)] if out.text else []
             else:
-                events = parser.feed(out.text) + (parser.finish() if out.finished else [])
+                events = (parser.feed(out.text + self.state.stop_markup_text(out))
+                          + (parser.finish() if out.finished else []))
             for event in events:
                 delta = self._delta(event)
                 if delta is not None:

@@ -11,7 +11,7 @@ model write, what the parser reads back and what the next turn renders agree:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 
@@ -28,6 +28,21 @@ class ToolFormat:
     block_per_call: bool = False    # each call in a block of its own (Hermes), not all in one
     result_wrap: tuple[str, str] = ("", "")   # around a tool's result, for templates without tool support
     channels: bool = False          # harmony: every reply is channelled messages (reasoning apart), tools or not
+    # markers this model writes as a stop token (gpt-oss's <|call|>): a grammar cannot ask for a stop
+    # token as text, so a call's tag ends before it and generation stops on it (`for_model`)
+    stop_markers: frozenset[str] = frozenset()
+
+    def for_model(self, tokenizer, stop_ids) -> "ToolFormat":
+        """This format for a model whose stop tokens are `stop_ids`."""
+        stops = set(stop_ids)
+        ids = {tokenizer.tok.token_to_id(m): m for m in self.markers}
+        return replace(self, stop_markers=frozenset(m for i, m in ids.items() if i is not None and i in stops))
+
+    def tag_end(self, end: str) -> str:
+        for m in self.stop_markers:
+            if end.endswith(m):
+                return end[:-len(m)]
+        return end
 
     def call_object(self, name: str, arguments: Any) -> str:
         return json.dumps({"name": name, self.args_key: arguments}, ensure_ascii=False)
@@ -45,7 +60,7 @@ class ToolFormat:
         (the name fixed), whose body is that tool's parameters schema."""
         open_, close = ("[", "]") if self.array else ("", "")
         tags = [{"begin": f'{self.begin}{open_}{{"name": {json.dumps(t.function.name)}, "{self.args_key}": ',
-                 "schema": t.function.parameters, "end": f"}}{close}{self.end}"} for t in tools]
+                 "schema": t.function.parameters, "end": self.tag_end(f"}}{close}{self.end}")} for t in tools]
         return {"tags": tags, "triggers": [self.trigger], "at_least_one": False, "stop_after_first": single}
 
     @property
@@ -77,8 +92,8 @@ class HarmonyFormat(ToolFormat):
                                          for name, args in calls)
 
     def structural_tag(self, tools: list, single: bool) -> dict[str, Any]:
-        tags = [{"begin": self.header(t.function.name), "schema": t.function.parameters, "end": "<|call|>"}
-                for t in tools]
+        tags = [{"begin": self.header(t.function.name), "schema": t.function.parameters,
+                 "end": self.tag_end("<|call|>")} for t in tools]
         return {"tags": tags, "triggers": [self.trigger], "at_least_one": False, "stop_after_first": single}
 
     @property

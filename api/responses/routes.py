@@ -122,7 +122,8 @@ class _ResponseReply:
         if self.parser is None:
             parsed: list[ParserEvent] = [TextDelta(out.text)] if out.text else []
         else:
-            parsed = self.parser.feed(out.text) + (self.parser.finish() if out.finished else [])
+            parsed = (self.parser.feed(out.text + self.state.stop_markup_text(out))
+                      + (self.parser.finish() if out.finished else []))
         return [e for event in parsed for e in self.builder.feed(event)]
 
     def _finish(self) -> tuple[list[Event], dict[str, Any]]:

@@ -4,8 +4,8 @@ experts, and each expert runs once over the tokens routed to it.
 Each expert's gate-up and down projections are the platform's linear layers, so a GGUF's blocks
 run on the block kernels and a step reads only the experts its tokens chose: the cost follows the
 active parameters, not the total. On CUDA the loop, which reads the chosen experts back to the
-host, gives way to two grouped matmuls over every expert (kernels/triton_moe.py); on the CPU,
-dense experts of a decode step run as one C++ call (`CpuExperts`). A token's
+host, gives way to two grouped matmuls over every expert (kernels/triton_moe.py); on the CPU, a
+decode step's experts, dense or block-quantized, run as one C++ call (`CpuExperts`). A token's
 output adds its experts' weighted outputs in expert order, whatever else is in the batch, so
 routing and sums are the same alone or batched.
 """
@@ -71,10 +71,11 @@ class CpuExperts:
             return None
         if all(isinstance(layer, BlockLinear) for layer in layers):
             g, d = experts[0][0].matrix, experts[0][1].matrix
-            same = all((gu.matrix.rows, gu.matrix.cols, dn.matrix.rows, dn.matrix.cols) == (g.rows, g.cols, d.rows, d.cols)
-                       for gu, dn in experts)
+            shape = lambda a, b: (a.rows, a.cols, b.rows, b.cols)  # noqa: E731
+            same = all(shape(gu.matrix, dn.matrix) == shape(g, d) for gu, dn in experts)
             return cls(kernels, experts, act) if same and g.rows == 2 * d.cols and g.cols == d.rows else None
-        if not all(isinstance(layer, Linear) and not layer.quantized and layer.weight.is_contiguous() for layer in layers):
+        if not all(isinstance(layer, Linear) and not layer.quantized and layer.weight.is_contiguous()
+                   for layer in layers):
             return None
         gate_up, down = experts[0][0].weight, experts[0][1].weight
         if gate_up.dtype not in (torch.float32, torch.bfloat16) or gate_up.shape[0] != 2 * down.shape[1] or any(
