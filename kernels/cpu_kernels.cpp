@@ -1029,9 +1029,18 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
     }
 }
 
-// NT tokens against every weight row of a segment, two rows a tile (orphaned loops, as below)
+// NT tokens against every weight row of a segment, two rows a tile (orphaned loops, as below). A
+// K-quant row goes alone: two rows' headers, scales and sums do not fit the registers, and a
+// tile of one streamed 1.2x the bytes of one of two at one and two tokens (8B-shaped Q4_K_M,
+// Zen 3; same bits)
 template <class K, int NT>
 inline void rows_once(const BlockMatrix& m, const BlockSegment& s, int64_t row0, const Acts& a, float* out) {
+  if constexpr (K::SUBS > 1) {
+#pragma omp for schedule(static) nowait
+    for (int64_t r = 0; r < s.rows; ++r)
+      run_tile<K, 1, NT>(s, r, 0, NT, row0, m.rows, a, m.bias, out, true);
+    return;
+  }
 #pragma omp for schedule(static) nowait
   for (int64_t p = 0; p < s.rows / 2; ++p)
     run_tile<K, 2, NT>(s, 2 * p, 0, NT, row0, m.rows, a, m.bias, out, true);
