@@ -56,13 +56,16 @@ def test_cpu_experts_match_float64_experts(tokens, experts, hidden, inter, dtype
     assert torch.allclose(got.double(), expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()) + 1e-5)
 
 
-def test_a_tokens_output_is_the_same_alone_or_in_a_batch():
-    layers = make_experts(8, 64, 48, torch.float32, biases=False, seed=3)
-    ids, weights = routing(7, 8, 2, seed=4)
-    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(5))
+@pytest.mark.parametrize("form", ["dense", "block"])
+def test_a_tokens_output_is_the_same_alone_or_in_a_batch(form):
+    layers = (make_experts(8, 64, 48, torch.float32, biases=False, seed=3) if form == "dense"
+              else block_experts("Q8_0", 8, 128, 64, seed=22))
+    hidden = 64 if form == "dense" else 128
+    ids, weights = routing(11, 8, 2, seed=4)
+    x = torch.randn(11, hidden, generator=torch.Generator().manual_seed(5))
     experts = CpuExperts.of(KERNELS, layers, SWIGLU)
     batched = experts(x, weights, ids, SWIGLU)
-    alone = torch.cat([experts(x[t:t + 1], weights[t:t + 1], ids[t:t + 1], SWIGLU) for t in range(7)])
+    alone = torch.cat([experts(x[t:t + 1], weights[t:t + 1], ids[t:t + 1], SWIGLU) for t in range(11)])
     assert torch.equal(batched, alone)
 
 
@@ -75,14 +78,18 @@ def test_a_tokens_experts_are_added_in_expert_order_whatever_the_router_order():
     assert torch.equal(experts(x, weights, ids, SWIGLU), flipped)
 
 
-@pytest.mark.parametrize("act", [SWIGLU, GPT_OSS], ids=["swiglu", "clamped"])
-def test_moe_layer_on_cpu_experts_matches_its_per_expert_loop(act):
-    layers = make_experts(6, 48, 32, torch.float32, biases=act is GPT_OSS, seed=9)
-    router = torch.randn(6, 48, generator=torch.Generator().manual_seed(10))
-    loop = SparseMoE(router, layers, 2, True, act)
+def loop_and_fused(layers: list[tuple], hidden: int, act: ExpertAct) -> tuple[SparseMoE, SparseMoE]:
+    """One MoE layer over `layers`: the per-expert loop, and as the CPU platform builds it."""
+    router = torch.randn(len(layers), hidden, generator=torch.Generator().manual_seed(10))
     grouped = get_platform(torch.device("cpu")).grouped_experts(layers, act)
     fused = SparseMoE(router, layers, 2, True, act, grouped=grouped)
     assert isinstance(fused.grouped, CpuExperts)
+    return SparseMoE(router, layers, 2, True, act), fused
+
+
+@pytest.mark.parametrize("act", [SWIGLU, GPT_OSS], ids=["swiglu", "clamped"])
+def test_moe_layer_on_cpu_experts_matches_its_per_expert_loop(act):
+    loop, fused = loop_and_fused(make_experts(6, 48, 32, torch.float32, biases=act is GPT_OSS, seed=9), 48, act)
     h = torch.randn(5, 48, generator=torch.Generator().manual_seed(11))
     assert torch.allclose(fused(h), loop(h), rtol=1e-5, atol=1e-5)
 
@@ -137,24 +144,9 @@ def block_experts(kind: str, n: int, hidden: int, inter: int, seed: int) -> list
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q4_K"])
 def test_block_experts_match_their_per_expert_loop(kind):
-    layers = block_experts(kind, 6, 256, 256, seed=19)
-    router = torch.randn(6, 256, generator=torch.Generator().manual_seed(20))
-    loop = SparseMoE(router, layers, 2, True, SWIGLU)
-    grouped = get_platform(torch.device("cpu")).grouped_experts(layers, SWIGLU)
-    fused = SparseMoE(router, layers, 2, True, SWIGLU, grouped=grouped)
-    assert isinstance(fused.grouped, CpuExperts)
+    loop, fused = loop_and_fused(block_experts(kind, 6, 256, 256, seed=19), 256, SWIGLU)
     h = torch.randn(9, 256, generator=torch.Generator().manual_seed(21))
     expected = loop(h)
     # the two compute silu in different float steps, and the down projection rounds its input to
     # int8 blocks: a value on a rounding boundary may land one step apart
     torch.testing.assert_close(fused(h), expected, rtol=0, atol=2e-3 * float(expected.abs().max()))
-
-
-def test_a_tokens_output_through_block_experts_is_the_same_alone_or_in_a_batch():
-    layers = block_experts("Q8_0", 5, 128, 64, seed=22)
-    ids, weights = routing(11, 5, 2, seed=23)
-    x = torch.randn(11, 128, generator=torch.Generator().manual_seed(24))
-    experts = CpuExperts.of(KERNELS, layers, SWIGLU)
-    batched = experts(x, weights, ids, SWIGLU)
-    alone = torch.cat([experts(x[t:t + 1], weights[t:t + 1], ids[t:t + 1], SWIGLU) for t in range(11)])
-    assert torch.equal(batched, alone)
