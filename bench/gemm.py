@@ -9,7 +9,8 @@ each block type made here (random weights, quantized with the gguf package's ref
 With --interleave, the legacy types' two multi-row forms instead, side by side: the library as
 built (activation rows interleaved by eight from 5 rows, tile8 in kernels/cpu_kernels.cpp) and the
 same source built with interleaving off (tile's 2 x 4 tiles at every row count), alternating; each
-row count also checks that both give the same bits.
+row count also checks that both give the same bits. With --one-row, the same for one weight row a
+tile at one and two tokens (K-quants at both, every type at two) against tiles of two rows.
 
 With --prefill, also an engine's prefill time (a prompt of each length, cache flushed, one token
 out) on the default model or --model, with the bf16 panels on and off, alternating.
@@ -19,6 +20,7 @@ Writes bench/results/gemm.json (or --out). Reports figures, never asserts.
     .venv/bin/python bench/gemm.py [--rows 1 4 16 32 64 128 512] [--repeats 7]
     .venv/bin/python bench/gemm.py --prefill 512 2000 [--model bench/models/llama-1b-Q8_0.gguf]
     .venv/bin/python bench/gemm.py --interleave --rows 4 5 8 16 32 --out bench/results/gemm_interleave.json
+    .venv/bin/python bench/gemm.py --one-row --rows 1 2 --out bench/results/gemm_one_row.json
 """
 from __future__ import annotations
 
@@ -83,21 +85,29 @@ def prefill_times(model, lengths: list[int], repeats: int) -> dict:
     return out
 
 
-def interleave_compare(kernels, matrices: dict, rows: list[int], repeats: int) -> dict:
-    """GFLOP/s of the library as built against the same source with interleaving off, alternating."""
+# --interleave / --one-row: the library as built against the same source built with a flag that
+# brings back the form it replaced: (flag, name of each side, block types compared)
+VARIANTS = {"interleave": ("-DRS_INTERLEAVE_ROWS=1000000000", "interleaved", "tile_only", ("Q4_0", "Q4_1", "Q8_0")),
+            "one_row": ("-DRS_PAIRED_ROWS", "one_row", "paired", ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"))}
+
+
+def variant_compare(kernels, matrices: dict, rows: list[int], repeats: int, variant: str) -> dict:
+    """GFLOP/s of the library as built against the same source built with VARIANTS[variant]'s flag,
+    alternating, and whether both give the same bits."""
     import ctypes
     import tempfile
 
     from radixserve.kernels import cpu_kernels
 
+    flag, built, other, kinds = VARIANTS[variant]
     with tempfile.TemporaryDirectory() as tmp:   # the loaded library outlives its file
-        path = Path(tmp) / "cpu_kernels_tile_only.so"
-        cpu_kernels.build(path, cpu_kernels.FLAGS + ["-DRS_INTERLEAVE_ROWS=1000000000"])
-        tile_only = cpu_kernels.CpuKernels(ctypes.CDLL(str(path)))
-    sides = {"interleaved": kernels, "tile_only": tile_only}
+        path = Path(tmp) / f"cpu_kernels_{other}.so"
+        cpu_kernels.build(path, cpu_kernels.FLAGS + [flag])
+        before = cpu_kernels.CpuKernels(ctypes.CDLL(str(path)))
+    sides = {built: kernels, other: before}
     out: dict = {}
     for name, w in matrices.items():
-        if w.kind not in ("Q4_0", "Q4_1", "Q8_0"):
+        if w.kind not in kinds:
             continue
         lins = {side: BlockLinear([w], None, k, bf16_gemm=False) for side, k in sides.items()}
         out[name] = {}
@@ -110,7 +120,7 @@ def interleave_compare(kernels, matrices: dict, rows: list[int], repeats: int) -
                     times[side].append(median_s(lambda: sides[side].block_linear(x, lins[side].matrix), 3, warmup=1))
             flop = 2 * w.rows * w.cols * n
             cell = {f"{s}_gflops": round(flop / statistics.median(t) / 1e9, 1) for s, t in times.items()}
-            cell["speedup"] = round(cell["interleaved_gflops"] / cell["tile_only_gflops"], 2)
+            cell["speedup"] = round(cell[f"{built}_gflops"] / cell[f"{other}_gflops"], 2)
             cell["identical"] = same
             out[name][n] = cell
             print(name, n, cell, flush=True)
@@ -125,6 +135,7 @@ def main() -> None:
     p.add_argument("--model", default=None, help="for --prefill (default: the embedded model)")
     p.add_argument("--skip-matrices", action="store_true")
     p.add_argument("--interleave", action="store_true", help="interleaved rows against tile() alone, legacy types")
+    p.add_argument("--one-row", action="store_true", help="one weight row a tile at 1-2 tokens against two")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     cpu = get_platform(torch.device("cpu"))
@@ -137,9 +148,12 @@ def main() -> None:
                 "1B qkv (Q8_0 3072x2048)": made_matrix("Q8_0", 3072, 2048)}
     report = {"command": "bench/gemm.py " + " ".join(sys.argv[1:]), "machine": machine(),
               "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "matrices": {}}
-    if args.interleave:
+    if args.interleave or args.one_row:
         matrices["1B qkv (Q4_1 3072x2048)"] = made_matrix("Q4_1", 3072, 2048)
-        report["interleave"] = interleave_compare(kernels, matrices, args.rows, args.repeats)
+    if args.one_row:
+        matrices["8B up (Q4_K 14336x4096)"] = made_matrix("Q4_K", 14336, 4096)
+    for variant in [v for v in VARIANTS if getattr(args, v)]:
+        report[variant] = variant_compare(kernels, matrices, args.rows, args.repeats, variant)
         args.skip_matrices = True
     for name, w in ({} if args.skip_matrices else matrices).items():
         lin = BlockLinear([w], None, kernels, bf16_gemm=True)

@@ -1029,18 +1029,21 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
     }
 }
 
-// NT tokens against every weight row of a segment, two rows a tile (orphaned loops, as below). A
-// K-quant row goes alone: two rows' headers, scales and sums do not fit the registers, and a
-// tile of one streamed 1.2x the bytes of one of two at one and two tokens (8B-shaped Q4_K_M,
-// Zen 3; same bits)
+// NT tokens against every weight row of a segment (orphaned loops, as below). A row goes alone
+// where two rows' headers, scales and sums do not fit the registers: K-quants, and any type at two
+// tokens (8B-shaped Q4_K 1.28x / 1.18x at one / two tokens, Q6_K 1.17x / 1.13x, Q8_0 1.14x at two;
+// bench/gemm.py --one-row, against -DRS_PAIRED_ROWS; the same bits). Q4_0 / Q4_1 / Q8_0 at one
+// token keep tiles of two rows, which were faster there.
 template <class K, int NT>
 inline void rows_once(const BlockMatrix& m, const BlockSegment& s, int64_t row0, const Acts& a, float* out) {
-  if constexpr (K::SUBS > 1) {
+#ifndef RS_PAIRED_ROWS
+  if constexpr (K::SUBS > 1 || NT == 2) {
 #pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < s.rows; ++r)
       run_tile<K, 1, NT>(s, r, 0, NT, row0, m.rows, a, m.bias, out, true);
     return;
   }
+#endif
 #pragma omp for schedule(static) nowait
   for (int64_t p = 0; p < s.rows / 2; ++p)
     run_tile<K, 2, NT>(s, 2 * p, 0, NT, row0, m.rows, a, m.bias, out, true);
