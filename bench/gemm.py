@@ -10,7 +10,7 @@ With --interleave, the legacy types' two multi-row forms instead, side by side: 
 built (activation rows interleaved by eight from 5 rows, tile8 in kernels/cpu_kernels.cpp) and the
 same source built with interleaving off (tile's 2 x 4 tiles at every row count), alternating; each
 row count also checks that both give the same bits. With --one-row, the same for one weight row a
-tile at one and two tokens (K-quants at both, every type at two) against tiles of two rows.
+tile (K-quants at every row count, every type at two) against tiles of two rows.
 
 With --prefill, also an engine's prefill time (a prompt of each length, cache flushed, one token
 out) on the default model or --model, with the bf16 panels on and off, alternating.
@@ -20,7 +20,7 @@ Writes bench/results/gemm.json (or --out). Reports figures, never asserts.
     .venv/bin/python bench/gemm.py [--rows 1 4 16 32 64 128 512] [--repeats 7]
     .venv/bin/python bench/gemm.py --prefill 512 2000 [--model bench/models/llama-1b-Q8_0.gguf]
     .venv/bin/python bench/gemm.py --interleave --rows 4 5 8 16 32 --out bench/results/gemm_interleave.json
-    .venv/bin/python bench/gemm.py --one-row --rows 1 2 --out bench/results/gemm_one_row.json
+    .venv/bin/python bench/gemm.py --one-row --rows 1 2 4 8 --out bench/results/gemm_one_row.json
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def main() -> None:
     p.add_argument("--model", default=None, help="for --prefill (default: the embedded model)")
     p.add_argument("--skip-matrices", action="store_true")
     p.add_argument("--interleave", action="store_true", help="interleaved rows against tile() alone, legacy types")
-    p.add_argument("--one-row", action="store_true", help="one weight row a tile at 1-2 tokens against two")
+    p.add_argument("--one-row", action="store_true", help="one weight row a tile against two (K-quants; any type at 2 rows)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     cpu = get_platform(torch.device("cpu"))

@@ -1085,10 +1085,20 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
   }
 #endif
   // chunks of activation rows that stay in L2, each against every weight row; tiles of two weight
-  // rows by four activation rows (each unpacked sub-block used four times)
+  // rows by four activation rows (each unpacked sub-block used four times), one row by four for
+  // the K-quants, whose two rows spill (as in rows_once; 8B-shaped Q4_K 1.13x / 1.19x at 4 / 8
+  // rows, bench/gemm.py --one-row)
   const int64_t chunk = std::max<int64_t>(4, CHUNK_BYTES / cols / 4 * 4);
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t c1 = std::min(n, c0 + chunk);
+#ifndef RS_PAIRED_ROWS
+    if constexpr (K::SUBS > 1) {
+#pragma omp for schedule(static) nowait
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t t0 = c0; t0 < c1; t0 += 4) run_tile<K, 1, 4>(s, r, t0, n, row0, m.rows, a, m.bias, out, n < 8);
+      continue;
+    }
+#endif
 #pragma omp for schedule(static) nowait
     for (int64_t p = 0; p < (s.rows + 1) / 2; ++p)
       for (int64_t t0 = c0; t0 < c1; t0 += 4) {
