@@ -28,6 +28,8 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
+from radixserve.kernels import cpu_kernels
+
 try:
     import triton
     import triton.language as tl
@@ -241,8 +243,7 @@ def apply_token_bitmask_native(logits: torch.Tensor, bitmask: torch.Tensor,
                                vocab_size: Optional[int] = None) -> None:
     """kernels/cpu_kernels.cpp's pass over the listed rows (the eager path where those kernels are
     not built, or for logits without unit column stride)."""
-    from radixserve.kernels.cpu_kernels import load
-    kernels = load()
+    kernels = cpu_kernels.load()
     if kernels is None or logits.device.type != "cpu" or logits.stride(1) != 1:
         apply_token_bitmask_torch(logits, bitmask, rows, vocab_size)
         return

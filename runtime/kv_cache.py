@@ -5,6 +5,7 @@ import torch
 
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.models.config import ModelConfig
+from radixserve.runtime.platform import get_platform
 
 
 class KVCache:
@@ -17,7 +18,6 @@ class KVCache:
         shape = (num_layers, num_pages + 1, page_size, num_kv_heads, head_dim)
         # Zeroed: slots past a request's length are read under a mask and must be finite. The
         # platform decides how (on the CPU: by the OS, mapped ahead in the background)
-        from radixserve.runtime.platform import get_platform
         self.k, self.v, self._release = get_platform(device).zeroed_pair(shape, dtype)
         self.pad_page = num_pages
 

@@ -17,6 +17,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from radixserve.runtime.models.linear import BlockLinear, Linear
+
 
 @dataclass(frozen=True)
 class ExpertAct:
@@ -65,7 +67,6 @@ class CpuExperts:
     def of(cls, kernels, experts: list[tuple], act: ExpertAct) -> Optional["CpuExperts"]:
         """None unless the experts are all block-quantized, or all dense contiguous float32 or
         bfloat16 layers of one shape and dtype."""
-        from radixserve.runtime.models.linear import BlockLinear, Linear
         layers = [layer for pair in experts for layer in pair]
         if kernels is None or not isinstance(act, ExpertAct):
             return None
