@@ -62,8 +62,11 @@ def systems(venv_python: str) -> dict[str, compare.System]:
 
 
 def prompts(cell: Cell, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [f"Request {seed}-{i}. Summarise the following notes. " + serving._text(rng, cell.words)
+    # each cell its own prompts: cells of a round with one seed once shared their first prompts, so a
+    # later cell's requests hit the prefix caches of both servers
+    tag = f"{seed}-{cell.name}-{cell.concurrency}"
+    rng = random.Random(tag)
+    return [f"Request {tag}-{i}. Summarise the following notes. " + serving._text(rng, cell.words)
             for i in range(cell.requests)]
 
 
