@@ -10,7 +10,8 @@ With --interleave, the legacy types' two multi-row forms instead, side by side: 
 built (activation rows interleaved by eight from 5 rows, tile8 in kernels/cpu_kernels.cpp) and the
 same source built with interleaving off (tile's 2 x 4 tiles at every row count), alternating; each
 row count also checks that both give the same bits. With --one-row, the same for one weight row a
-tile (K-quants at every row count, every type at two) against tiles of two rows.
+tile (K-quants at every row count, every type at two) against tiles of two rows. With
+--kinterleave, Q4_K / Q5_K's tokens interleaved by eight (ktile) against tile()'s one row by four.
 
 With --prefill, also an engine's prefill time (a prompt of each length, cache flushed, one token
 out) on the default model or --model, with the bf16 panels on and off, alternating.
@@ -21,6 +22,7 @@ Writes bench/results/gemm.json (or --out). Reports figures, never asserts.
     .venv/bin/python bench/gemm.py --prefill 512 2000 [--model bench/models/llama-1b-Q8_0.gguf]
     .venv/bin/python bench/gemm.py --interleave --rows 4 5 8 16 32 --out bench/results/gemm_interleave.json
     .venv/bin/python bench/gemm.py --one-row --rows 1 2 4 8 --out bench/results/gemm_one_row.json
+    .venv/bin/python bench/gemm.py --kinterleave --rows 4 5 8 16 64 --out bench/results/gemm_kinterleave.json
 """
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ def prefill_times(model, lengths: list[int], repeats: int) -> dict:
 # --interleave / --one-row: the library as built against the same source built with a flag that
 # brings back the form it replaced: (flag, name of each side, block types compared)
 VARIANTS = {"interleave": ("-DRS_INTERLEAVE_ROWS=1000000000", "interleaved", "tile_only", ("Q4_0", "Q4_1", "Q8_0")),
-            "one_row": ("-DRS_PAIRED_ROWS", "one_row", "paired", ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"))}
+            "one_row": ("-DRS_PAIRED_ROWS", "one_row", "paired", ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")),
+            "kinterleave": ("-DRS_KINTERLEAVE_ROWS=1000000000", "kinterleaved", "tile_only", ("Q4_K", "Q5_K"))}
 
 
 def variant_compare(kernels, matrices: dict, rows: list[int], repeats: int, variant: str) -> dict:
@@ -136,6 +139,7 @@ def main() -> None:
     p.add_argument("--skip-matrices", action="store_true")
     p.add_argument("--interleave", action="store_true", help="interleaved rows against tile() alone, legacy types")
     p.add_argument("--one-row", action="store_true", help="one weight row a tile against two (K-quants; any type at 2 rows)")
+    p.add_argument("--kinterleave", action="store_true", help="Q4_K / Q5_K tokens interleaved (ktile) against tile() alone")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     cpu = get_platform(torch.device("cpu"))
@@ -150,8 +154,10 @@ def main() -> None:
               "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "matrices": {}}
     if args.interleave or args.one_row:
         matrices["1B qkv (Q4_1 3072x2048)"] = made_matrix("Q4_1", 3072, 2048)
-    if args.one_row:
+    if args.one_row or args.kinterleave:
         matrices["8B up (Q4_K 14336x4096)"] = made_matrix("Q4_K", 14336, 4096)
+    if args.kinterleave:
+        matrices["1B down (Q5_K 2048x8192)"] = made_matrix("Q5_K", 2048, 8192)
     for variant in [v for v in VARIANTS if getattr(args, v)]:
         report[variant] = variant_compare(kernels, matrices, args.rows, args.repeats, variant)
         args.skip_matrices = True

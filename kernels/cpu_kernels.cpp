@@ -464,8 +464,11 @@ void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int6
 // products round them: half a step of 1/127 of the block's largest), so that a sub-block's dot is
 // exact in int32: u8 x s8 multiply-adds, 32 weights an instruction pair (maddubs + madd; one
 // dpbusd where VNNI is present). y = sum_b scale_b * xscale_b * dot(q_b, xq_b) + zero_b * sum(x_b):
-// the zero term takes the block's float sum of x as it is. A super-block's header is decoded
-// once for all the activation rows a tile holds.
+// the legacy types' zero term takes the block's float sum of x as it is. Q4_K / Q5_K, as llama.cpp
+// does, take their mins against the int8 sums of x: a super-block is two integers, S (its dot) and
+// M (mins times block sums), and a token's float sum is the same operations on them in every
+// tile (k4_row, ktile), so that a row's result does not depend on the batch it is in. A
+// super-block's header is decoded once for all the activation rows a tile holds.
 constexpr int64_t QBLOCK = 32;
 constexpr int64_t QK = 256;   // a K-quant super-block
 
@@ -473,7 +476,8 @@ constexpr int64_t QK = 256;   // a K-quant super-block
 // block of 32 with its float scale (x = xq * xscale) and float sum, for the legacy types; and,
 // where cols is a multiple of 256, int8 per super-block of 256 with one scale, for the K-quants,
 // whose eight sub-block dots then add up in int32 before one float multiply-add (llama.cpp's
-// Q8_K). The block sums serve both.
+// Q8_K), with the integer sums of those int8 blocks for Q4_K / Q5_K's zeros. The float block sums
+// serve the legacy types' zeros.
 // Where several rows multiply a legacy-type matrix, the rows are also interleaved in groups of eight
 // (matmul_team builds them): group g, block b is 256 bytes, chunk c (values 4c..4c+3) holding row
 // 8g + t's four at bytes 4t..4t+3; then the group's block scales and sums as eight floats, row t in
@@ -484,10 +488,14 @@ struct Acts {
   const float* xsum;
   const int8_t* xq256;
   const float* xscale256;
+  const int16_t* xbsum256;  // [n][cols / 32] the integer sums of xq256's blocks of 32
   int64_t cols;
   int8_t* xi;       // [groups][cols / 32][256]
   float* xi_scale;  // [groups][cols / 32][8]
   float* xi_sum;    // [groups][cols / 32][8]
+  int8_t* xk;       // xq256 interleaved as xi interleaves xq
+  float* xk_scale;  // [groups][cols / 256][8]
+  int16_t* xk_bsum; // [groups][cols / 256][4][8][2]: sub-blocks 2p, 2p + 1 of row 8g + t at [p][t]
 };
 
 inline float half_to_float(const uint8_t* p) {
@@ -521,7 +529,9 @@ template <int SUBS>
 struct Header {
   float scale[SUBS], zero[SUBS];
   float d;            // the K-quants' super-block factor of their integer sub-scales
+  float dmin;         // Q4_K / Q5_K: the super-block factor of their integer mins
   int32_t isc[SUBS];  // Q4_K / Q5_K: sub-block j's 6-bit scale (Q6_K's q carries its own)
+  int32_t imin[SUBS]; // Q4_K / Q5_K: sub-block j's 6-bit min
 };
 
 // the 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (12 packed bytes)
@@ -587,12 +597,14 @@ struct Q4_K {
   static void header(const uint8_t* p, Header<8>& h) {
     const float d = half_to_float(p), dmin = half_to_float(p + 2);
     h.d = d;
+    h.dmin = dmin;
     for (int j = 0; j < 8; ++j) {
       int sc, m;
       scale_min_k4(j, p + 4, sc, m);
       h.scale[j] = d * float(sc);
       h.zero[j] = -(dmin * float(m));
       h.isc[j] = sc;
+      h.imin[j] = m;
     }
   }
   static int32_t q(const uint8_t* p, int j, int l) {
@@ -659,6 +671,10 @@ struct Q6_K {
   }
 };
 
+// Q4_K / Q5_K: integer mins under a float dmin, whose term takes the integer sums of x's blocks
+template <class K>
+constexpr bool kmins = K::SUBS == 8 && K::ZERO;
+
 #if defined(__AVX2__) && defined(__FMA__)
 // sums of four u8 x s8 products into each int32 lane (no saturation: every caller's u8 <= 128 and
 // |s8| <= 127, so a maddubs pair stays within int16)
@@ -687,12 +703,12 @@ inline __m256i k_nibbles(const uint8_t* p, int j) {  // sub-block j's nibbles of
 }
 
 // A super-block's header in registers: the float factor of its integer dots, the K-quants'
-// integer sub-scales as int16 (broadcast per 128-bit lane; sub_scale() picks sub-block j's) and
-// their zeros per sub-block, or a legacy block's zero
+// integer sub-scales as int16 (broadcast per 128-bit lane; sub_scale() picks sub-block j's), Q4_K /
+// Q5_K's integer mins as int16 and their float factor, or a legacy block's zero
 struct VHeader {
-  float d, zero;
+  float d, zero, dmin;
   __m256i scales[2];
-  __m256 zero8;
+  __m128i mins;
 };
 // shuffle_epi8 controls: int16 lane i of a 128-bit lane to all of its eight
 alignas(32) constexpr uint8_t kBroadcastLane[8][16] = {
@@ -719,8 +735,9 @@ inline void k4_header(const uint8_t* p, VHeader& h) {
   const __m128i top = _mm_srli_epi16(_mm_and_si128(t, _mm_set1_epi8(char(0xC0))), 2);
   const __m128i b = _mm_or_si128(low, _mm_or_si128(nib, top));
   h.scales[0] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
+  h.mins = _mm_cvtepu8_epi16(_mm_srli_si128(b, 8));
   h.d = half_f16c(p);
-  h.zero8 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8))), _mm256_set1_ps(-half_f16c(p + 2)));
+  h.dmin = half_f16c(p + 2);
 }
 
 inline void vheader(const Q4_0&, const uint8_t* p, VHeader& h) {
@@ -787,12 +804,27 @@ inline __m256i sub_scale(const VHeader& h, int j) {
   return _mm256_setzero_si256();
 }
 
+// Q4_K / Q5_K super-blocks' terms from their integer dots S and mins terms M (float), dxs = d * xs
+// and mxs = dmin * xs: S * dxs - M * mxs, the product rounded, then one fused multiply-add. The
+// same operations in any vector width: k4_row (a super-block a lane), ktile (a token a lane)
+template <class V>
+inline V k4_terms(V S, V M, V dxs, V mxs);
+template <>
+inline __m128 k4_terms(__m128 S, __m128 M, __m128 dxs, __m128 mxs) {
+  return _mm_fnmadd_ps(M, mxs, _mm_mul_ps(S, dxs));
+}
+template <>
+inline __m256 k4_terms(__m256 S, __m256 M, __m256 dxs, __m256 mxs) {
+  return _mm256_fnmadd_ps(M, mxs, _mm256_mul_ps(S, dxs));
+}
+
 // out[r][t] = the dot of weight row r (w[r]: its first super-block) with activation row t0 + t,
 // for NR weight rows and NT activation rows. A K-quant super-block's eight sub-block dots
-// (sub-scales applied) add up in int32, then take d * the super-block's activation scale once;
-// its zeros (-dmin * m per sub-block) meet the eight block sums of x in one vector multiply-add.
+// (sub-scales applied) add up in int32, then take d * the super-block's activation scale once
+// (Q6_K here; Q4_K / Q5_K in k4_row).
 template <class K, int NR, int NT>
 inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0, float out[NR][NT]) {
+  static_assert(!kmins<K>, "Q4_K / Q5_K run in k4_row");
   const int64_t cols = a.cols, nb = cols / QBLOCK;
   __m256 acc[NR][NT];
   float zsum[NR][NT];
@@ -837,16 +869,89 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
       }
       for (int t = 0; t < NT; ++t) {
         const float xs = a.xscale256[(t0 + t) * nsb + s];
-        const __m256 sums = _mm256_loadu_ps(a.xsum + (t0 + t) * nb + s * K::SUBS);
-        for (int r = 0; r < NR; ++r) {
+        for (int r = 0; r < NR; ++r)
           acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(h[r].d * xs), acc[r][t]);
-          if (K::ZERO) acc[r][t] = _mm256_fmadd_ps(h[r].zero8, sums, acc[r][t]);
-        }
       }
     }
   }
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) out[r][t] = hsum(acc[r][t]) + zsum[r][t];
+}
+
+// Q4_K / Q5_K: weight row w against NT activation rows from t0. Each super-block's integer dot S
+// and mins term M (its int8 block sums times the mins) are reduced for four super-blocks at once,
+// a super-block a lane, before k4_terms' float operations
+template <class K, int NT>
+inline void k4_row(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float* out) {
+  const int64_t cols = a.cols, nb = cols / QBLOCK;
+  __m128 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm_setzero_ps();
+  for (int64_t s0 = 0; s0 < nsb; s0 += 4) {
+    const int64_t q = std::min<int64_t>(4, nsb - s0);
+    // per pair of super-blocks (a, b): P = S's partial sums (lanes a01 a23 b01 b23 | a45 a67 b45 b67),
+    // and the pair's mins (a's | b's)
+    __m256i P[2][NT], first[NT], pair_mins[2];
+    __m128i mins_first = _mm_setzero_si128();
+    alignas(16) uint16_t halves[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // d, dmin of each super-block
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      __m256i isum[NT];
+      __m128i mins = _mm_setzero_si128();
+      if (k < q) {
+        const uint8_t* p = w + (s0 + k) * K::BYTES;
+        std::memcpy(halves + 2 * k, p, 4);
+        VHeader h;
+        vheader(K{}, p, h);
+        mins = h.mins;
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          const __m256i wv = weights(K{}, p, j), sc = sub_scale<K>(h, j);
+          for (int t = 0; t < NT; ++t) {
+            const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq256 + (t0 + t) * cols + ((s0 + k) * 8 + j) * QBLOCK));
+            const __m256i d = kdot(K{}, wv, x, x, sc);
+            isum[t] = j == 0 ? d : _mm256_add_epi32(d, isum[t]);
+          }
+        }
+      } else {
+        for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+      }
+      if (k % 2 == 0) {
+        for (int t = 0; t < NT; ++t) first[t] = isum[t];
+        mins_first = mins;
+      } else {
+        pair_mins[k / 2] = _mm256_set_m128i(mins, mins_first);
+        for (int t = 0; t < NT; ++t) P[k / 2][t] = _mm256_hadd_epi32(first[t], isum[t]);
+      }
+    }
+    const __m256 dm = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves)));
+    const __m128 lo = _mm256_castps256_ps128(dm), hi = _mm256_extractf128_ps(dm, 1);
+    const __m128 d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), dmin4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    for (int t = 0; t < NT; ++t) {
+      const float* xs = a.xscale256 + (t0 + t) * nsb + s0;
+      alignas(16) float part[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int64_t k = 0; k < q && q < 4; ++k) part[k] = xs[k];
+      const __m128 xs4 = q == 4 ? _mm_loadu_ps(xs) : _mm_load_ps(part);
+      const __m256i ps = _mm256_hadd_epi32(P[0][t], P[1][t]);  // a b c d (four lanes each half)
+      const __m128i S = _mm_add_epi32(_mm256_castsi256_si128(ps), _mm256_extracti128_si256(ps, 1));
+      // the block sums of the super-blocks a row has (mins of the others are zero: none is read)
+      const int16_t* bs = a.xbsum256 + (t0 + t) * nb + s0 * 8;
+      __m256i Q[2];
+      for (int i = 0; i < 2; ++i) {
+        const __m256i b = 2 * i + 1 < q ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * i))
+                          : 2 * i < q ? _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + 16 * i)))
+                                      : _mm256_setzero_si256();
+        Q[i] = _mm256_madd_epi16(pair_mins[i], b);  // a's four | b's four
+      }
+      const __m256i qq = _mm256_hadd_epi32(Q[0], Q[1]);  // a01 a23 c01 c23 | b01 b23 d01 d23
+      const __m256i q2 = _mm256_hadd_epi32(qq, qq);             // a c a c | b d b d
+      const __m128i M = _mm_unpacklo_epi32(_mm256_castsi256_si128(q2), _mm256_extracti128_si256(q2, 1));
+      acc[t] = _mm_add_ps(acc[t], k4_terms(_mm_cvtepi32_ps(S), _mm_cvtepi32_ps(M), _mm_mul_ps(d4, xs4), _mm_mul_ps(dmin4, xs4)));
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    const __m128 pairs = _mm_hadd_ps(acc[t], acc[t]);  // (0 + 1), (2 + 3)
+    out[t] = _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
+  }
 }
 
 // Weight bytes 4C..4C+3 of a block in every lane (lo, hi: the block's first and last 16 bytes in
@@ -894,19 +999,81 @@ inline __m256 tile8(const uint8_t* w, int64_t nb, const Acts& a, int64_t g) {
   const __m256 odd = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
   return _mm256_add_ps(_mm256_add_ps(even, odd), zsum);
 }
+
+// Chunk C of sub-block j against G interleaved groups: the u8 x s8 pairs add up in int16 over
+// CH chunks (Q4_K's 16 products of 15 * 127 stay under 2^15; Q5_K's 31 allow 8), then take the
+// sub-scale in one multiply-add: a multiply per 32 products and 8 tokens, where tile() spends two
+template <class K, int G, int C>
+inline void kchunks(__m256i lo, __m256i hi, const int8_t* const* xb, __m256i sc, __m256i* s16, __m256i* S) {
+  if constexpr (C < 8) {
+    constexpr int CH = std::is_same<K, Q4_K>::value ? 8 : 4;
+    const __m256i wc = chunk_of<C>(lo, hi);
+    for (int i = 0; i < G; ++i) {
+      const __m256i prod = _mm256_maddubs_epi16(wc, load32(reinterpret_cast<const uint8_t*>(xb[i] + 32 * C)));
+      s16[i] = C % CH == 0 ? prod : _mm256_add_epi16(s16[i], prod);
+      if (C % CH == CH - 1) S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(s16[i], sc));
+    }
+    kchunks<K, G, C + 1>(lo, hi, xb, sc, s16, S);
+  }
+}
+
+// A Q4_K / Q5_K weight row (w: its first super-block) against interleaved groups g .. g + G - 1 of
+// xq256 (interleave_k_team): lane t of y[i] is what k4_row gives for activation row 8(g + i) + t,
+// bit for bit (the same integers S and M a super-block, the same k4_terms, the same four partial
+// sums added in the same order)
+template <class K, int G>
+inline void ktile(const uint8_t* w, int64_t nsb, const Acts& a, int64_t g, __m256* y) {
+  const int64_t nb = a.cols / QBLOCK;
+  __m256 acc[G][4];
+  for (int i = 0; i < G; ++i)
+    for (int k = 0; k < 4; ++k) acc[i][k] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* p = w + s * K::BYTES;
+    VHeader h;
+    vheader(K{}, p, h);
+    __m256i S[G], s16[G];
+    for (int i = 0; i < G; ++i) S[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m256i wv = weights(K{}, p, j);
+      const int8_t* xb[G];
+      for (int i = 0; i < G; ++i) xb[i] = a.xk + ((g + i) * nb + s * 8 + j) * 256;
+      kchunks<K, G, 0>(_mm256_permute2x128_si256(wv, wv, 0x00), _mm256_permute2x128_si256(wv, wv, 0x11), xb,
+                       sub_scale<K>(h, j), s16, S);
+    }
+    // mins 2p, 2p + 1 against each row's block sums 2p, 2p + 1
+    const __m256i mins = _mm256_broadcastsi128_si256(h.mins);
+    const __m256i m01 = _mm256_shuffle_epi32(mins, 0x00), m23 = _mm256_shuffle_epi32(mins, 0x55);
+    const __m256i m45 = _mm256_shuffle_epi32(mins, 0xAA), m67 = _mm256_shuffle_epi32(mins, 0xFF);
+    for (int i = 0; i < G; ++i) {
+      const int16_t* bs = a.xk_bsum + ((g + i) * nsb + s) * 64;
+      const auto pair = [&](int q, __m256i m) {
+        return _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * q)), m);
+      };
+      const __m256i M = _mm256_add_epi32(_mm256_add_epi32(pair(0, m01), pair(1, m23)),
+                                         _mm256_add_epi32(pair(2, m45), pair(3, m67)));
+      const __m256 xs = _mm256_loadu_ps(a.xk_scale + ((g + i) * nsb + s) * 8);
+      acc[i][s % 4] = _mm256_add_ps(acc[i][s % 4], k4_terms(_mm256_cvtepi32_ps(S[i]), _mm256_cvtepi32_ps(M),
+                                                            _mm256_mul_ps(_mm256_set1_ps(h.d), xs),
+                                                            _mm256_mul_ps(_mm256_set1_ps(h.dmin), xs)));
+    }
+  }
+  for (int i = 0; i < G; ++i)
+    y[i] = _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3]));
+}
 #else
 template <class K, int NR, int NT>
 inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0, float out[NR][NT]) {
   const int64_t cols = a.cols, nb = cols / QBLOCK;
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) {
-      float acc = 0.f;
+      float acc = 0.f, part[4] = {0.f, 0.f, 0.f, 0.f};  // part: Q4_K / Q5_K's, as k4_row sums them
       const int64_t row = t0 + t;
       for (int64_t s = 0; s < nsb; ++s) {
         const uint8_t* p = w[r] + s * K::BYTES;
         Header<K::SUBS> h;
         K::header(p, h);
-        int32_t ksum = 0;
+        int32_t ksum = 0, msum = 0;
         for (int j = 0; j < K::SUBS; ++j) {
           const int64_t b = s * K::SUBS + j;
           const int8_t* x = (K::SUBS == 1 ? a.xq : a.xq256) + row * cols + b * QBLOCK;
@@ -914,11 +1081,14 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
           for (int l = 0; l < QBLOCK; ++l) d += K::q(p, j, l) * x[l];
           if (K::SUBS == 1) acc += float(d) * (h.scale[0] * a.xscale[row * nb + b]);
           else ksum += h.isc[j] * d;
-          if (K::ZERO) acc += h.zero[j] * a.xsum[row * nb + b];
+          if (kmins<K>) msum += h.imin[j] * a.xbsum256[row * nb + b];
+          else if (K::ZERO) acc += h.zero[j] * a.xsum[row * nb + b];
         }
-        if (K::SUBS > 1) acc += float(ksum) * (h.d * a.xscale256[row * nsb + s]);
+        const float xs = K::SUBS > 1 ? a.xscale256[row * nsb + s] : 0.f;
+        if (kmins<K>) part[s % 4] += std::fma(-float(msum), h.dmin * xs, float(ksum) * (h.d * xs));
+        else if (K::SUBS > 1) acc += float(ksum) * (h.d * xs);
       }
-      out[r][t] = acc;
+      out[r][t] = kmins<K> ? (part[0] + part[1]) + (part[2] + part[3]) : acc;
     }
 }
 #endif
@@ -959,6 +1129,21 @@ inline void round_block(const float* xb, float inv, int8_t* qb) {
                       _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 #else
   for (int j = 0; j < QBLOCK; ++j) qb[j] = int8_t(std::nearbyint(xb[j] * inv));
+#endif
+}
+
+// the sum of a block of 32 int8 (at most 32 * 127 in magnitude)
+inline int16_t block_isum(const int8_t* qb) {
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb)));
+  const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  const __m128i q4 = _mm_add_epi32(_mm256_castsi256_si128(quads), _mm256_extracti128_si256(quads, 1));
+  const __m128i q2 = _mm_add_epi32(q4, _mm_unpackhi_epi64(q4, q4));
+  return int16_t(_mm_cvtsi128_si32(_mm_add_epi32(q2, _mm_shuffle_epi32(q2, 1))));
+#else
+  int32_t total = 0;
+  for (int j = 0; j < QBLOCK; ++j) total += qb[j];
+  return int16_t(total);
 #endif
 }
 
@@ -1006,6 +1191,11 @@ constexpr int64_t CHUNK_BYTES = 128 << 10;
 #define RS_INTERLEAVE_ROWS 5
 #endif
 constexpr int64_t INTERLEAVE_ROWS = RS_INTERLEAVE_ROWS;
+// From this many, Q4_K / Q5_K matrices run on rows interleaved by eight too (ktile)
+#ifndef RS_KINTERLEAVE_ROWS
+#define RS_KINTERLEAVE_ROWS 5
+#endif
+constexpr int64_t KINTERLEAVE_ROWS = RS_KINTERLEAVE_ROWS;
 
 template <class K, int NR, int NT>
 inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, int64_t row0, int64_t out_rows,
@@ -1020,7 +1210,12 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
       for (int64_t o = 0; o < s.row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
     }
   float d[NR][NT];
-  tile<K, NR, NT>(w, nsb, a, t0, d);
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (kmins<K>) {
+    for (int i = 0; i < NR; ++i) k4_row<K, NT>(w[i], nsb, a, t0, d[i]);
+  } else
+#endif
+    tile<K, NR, NT>(w, nsb, a, t0, d);
   for (int i = 0; i < NR; ++i)
     for (int t = 0; t < NT && t0 + t < n; ++t) {
       float y = d[i][t];
@@ -1063,6 +1258,30 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
   if (n == 1) return rows_once<K, 1>(m, s, row0, a, out);
   if (n == 2) return rows_once<K, 2>(m, s, row0, a, out);
 #if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (kmins<K>) if (n >= KINTERLEAVE_ROWS) {
+    // the same for Q4_K / Q5_K (interleave_k_team made the groups), two groups a weight row's pass
+    const int64_t nsb = cols / QK, groups = (n + 7) / 8;
+    const int64_t chunk = std::max<int64_t>(2, CHUNK_BYTES / (8 * cols) / 2 * 2);
+    const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
+    for (int64_t g0 = 0; g0 < groups; g0 += chunk) {
+      const int64_t g1 = std::min(groups, g0 + chunk);
+#pragma omp for schedule(static) nowait
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t g = g0; g < g1; g += 2) {
+          __m256 y[2];
+          if (g + 1 < g1) ktile<K, 2>(row(r), nsb, a, g, y);
+          else ktile<K, 1>(row(r), nsb, a, g, y);
+          const float bias = m.bias != nullptr ? m.bias[row0 + r] : 0.f;
+          for (int64_t i = 0; i < 2 && g + i < g1; ++i) {
+            alignas(32) float v[8];
+            _mm256_store_ps(v, y[i]);
+            for (int64_t t = 0; t < 8 && 8 * (g + i) + t < n; ++t)
+              out[(8 * (g + i) + t) * m.rows + row0 + r] = m.bias != nullptr ? v[t] + bias : v[t];
+          }
+        }
+    }
+    return;
+  }
   if constexpr (K::SUBS == 1) if (n >= INTERLEAVE_ROWS) {
     // groups of eight interleaved rows (interleave_team made them) that stay in L2, each against
     // every weight row
@@ -1132,13 +1351,39 @@ inline void interleave_team(const Acts& a, int64_t n) {
   }
 }
 
+// The same of xq256 for Q4_K / Q5_K (ktile), with the rows' super-block scales and block sums
+inline void interleave_k_team(const Acts& a, int64_t n) {
+  const int64_t nb = a.cols / QBLOCK, nsb = a.cols / QK, groups = (n + 7) / 8;
+#pragma omp for schedule(static)
+  for (int64_t gb = 0; gb < groups * nb; ++gb) {
+    const int64_t g = gb / nb, b = gb % nb, s = b / 8, j = b % 8;
+    int8_t* dst = a.xk + gb * 256;
+    int16_t* bsum = a.xk_bsum + ((g * nsb + s) * 4 + j / 2) * 16 + j % 2;
+    float* scale = a.xk_scale + (g * nsb + s) * 8;
+    for (int64_t t = 0; t < 8; ++t) {
+      const int64_t r = 8 * g + t;
+      if (r < n) {
+        const int8_t* src = a.xq256 + r * a.cols + b * QBLOCK;
+        for (int c = 0; c < 8; ++c) std::memcpy(dst + 32 * c + 4 * t, src + 4 * c, 4);
+        bsum[2 * t] = a.xbsum256[r * nb + b];
+        if (j == 0) scale[t] = a.xscale256[r * nsb + s];
+      } else {
+        for (int c = 0; c < 8; ++c) std::memset(dst + 32 * c + 4 * t, 0, 4);
+        bsum[2 * t] = 0;
+        if (j == 0) scale[t] = 0.f;
+      }
+    }
+  }
+}
+
 // out [n, rows] = x [n, cols] times the weight^T (+ bias), from x as QuantizedRows leaves it.
 // Called by every thread of a team; ends in a barrier.
 inline void matmul_team(const BlockMatrix& m, int64_t n, const Acts& a, float* out) {
 #if defined(__AVX2__) && defined(__FMA__)
-  if (n >= INTERLEAVE_ROWS &&
-      std::any_of(m.segment, m.segment + m.n_segments, [](const BlockSegment& s) { return s.kind <= KIND_Q8_0; }))
-    interleave_team(a, n);
+  const auto any = [&](auto kinds) { return std::any_of(m.segment, m.segment + m.n_segments, kinds); };
+  if (n >= INTERLEAVE_ROWS && any([](const BlockSegment& s) { return s.kind <= KIND_Q8_0; })) interleave_team(a, n);
+  if (n >= KINTERLEAVE_ROWS && any([](const BlockSegment& s) { return s.kind == KIND_Q4_K || s.kind == KIND_Q5_K; }))
+    interleave_k_team(a, n);
 #endif
   int64_t row0 = 0;
   for (int64_t i = 0; i < m.n_segments; ++i) {
@@ -1161,25 +1406,36 @@ struct QuantizedRows {
   int8_t* xi;
   float* xi_scale;
   float* xi_sum;
+  int16_t* xbsum256;
+  int8_t* xk;
+  float* xk_scale;
+  int16_t* xk_bsum;
   QuantizedRows(int64_t n, int64_t cols) {
     const int64_t nb = cols / QBLOCK, n4 = (n + 3) / 4 * 4, bytes = (n4 * cols + 63) / 64 * 64;
     const int64_t n8 = (n + 7) / 8 * 8, ibytes = n8 * cols;
-    xq = static_cast<int8_t*>(std::malloc(2 * bytes + ibytes +
-                                          sizeof(float) * (2 * n4 * nb + n4 * (nb / 8 + 1) + 2 * n8 * nb)));
+    xq = static_cast<int8_t*>(std::malloc(2 * bytes + 2 * ibytes +
+                                          sizeof(float) * (2 * n4 * nb + n4 * (nb / 8 + 1) + 2 * n8 * nb + n8 * (nb / 8 + 1)) +
+                                          sizeof(int16_t) * (n4 * nb + n8 * nb)));
     xq256 = xq + bytes;
     xi = xq256 + bytes;
-    xscale = reinterpret_cast<float*>(xi + ibytes);
+    xk = xi + ibytes;
+    xscale = reinterpret_cast<float*>(xk + ibytes);
     xsum = xscale + n4 * nb;
     xscale256 = xsum + n4 * nb;
     xi_scale = xscale256 + n4 * (nb / 8 + 1);
     xi_sum = xi_scale + n8 * nb;
+    xk_scale = xi_sum + n8 * nb;
+    xbsum256 = reinterpret_cast<int16_t*>(xk_scale + n8 * (nb / 8 + 1));
+    xk_bsum = xbsum256 + n4 * nb;
   }
   ~QuantizedRows() { std::free(xq); }
   QuantizedRows(const QuantizedRows&) = delete;
   QuantizedRows& operator=(const QuantizedRows&) = delete;
 
   // the layout of rows `cols` wide
-  Acts view(int64_t cols) const { return Acts{xq, xscale, xsum, xq256, xscale256, cols, xi, xi_scale, xi_sum}; }
+  Acts view(int64_t cols) const {
+    return Acts{xq, xscale, xsum, xq256, xscale256, xbsum256, cols, xi, xi_scale, xi_sum, xk, xk_scale, xk_bsum};
+  }
 
   // values [c0, c0 + len) of row r (x: the row, cols wide), len a multiple of 32; the super-block
   // form too where cols is a multiple of 256 (then c0 and len are too)
@@ -1194,8 +1450,10 @@ struct QuantizedRows {
       top[(c / QBLOCK) % (QK / QBLOCK)] = t;
       if (cols % QK == 0 && (c + QBLOCK) % QK == 0) {
         const float t256 = *std::max_element(top, top + QK / QBLOCK);
-        for (int64_t cc = c + QBLOCK - QK; cc <= c; cc += QBLOCK)
+        for (int64_t cc = c + QBLOCK - QK; cc <= c; cc += QBLOCK) {
           round_block(x + cc, t256 > 0.f ? 127.0f / t256 : 0.f, xq256 + r * cols + cc);
+          xbsum256[r * nb + cc / QBLOCK] = block_isum(xq256 + r * cols + cc);
+        }
         xscale256[r * (cols / QK) + c / QK] = t256 / 127.0f;
       }
     }

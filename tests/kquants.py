@@ -86,9 +86,11 @@ def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator, sca
 
 
 def zeros_of(t: BlockTensor) -> np.ndarray:
-    """What each weight of t is with its quantized value 0: the zero term the kernels add from the
-    activations' block sums (0 for Q8_0 and Q6_K, whose integers are signed)."""
-    if t.kind in ("Q8_0", "Q6_K"):
+    """What each weight of t is with its quantized value 0, where the kernels add that zero term from
+    the activations' float block sums: Q4_0 and Q4_1. 0 for the others: Q8_0 and Q6_K's integers are
+    signed, and Q4_K / Q5_K's mins meet the int8 activations' integer sums, so that rounding meets
+    the whole weight."""
+    if t.kind not in ("Q4_0", "Q4_1"):
         return np.zeros((t.rows, t.cols), np.float32)
     data = t.data.copy().reshape(t.data.shape[0], -1, KINDS[t.kind][2])
     start, end = VALUE_BYTES[t.kind]

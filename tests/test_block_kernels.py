@@ -57,7 +57,8 @@ def test_dequantising_a_row_out_of_range_raises():
 def rounding_bound(kind: str, x: torch.Tensor, t: BlockTensor) -> torch.Tensor:
     """The most |y - x W^T| may be: each activation rounded to int8 is off by at most half a step
     (1/254 of the largest in its block of 32, or its super-block of 256 for the K-quants), and
-    meets W less its zero (the zero term takes the block sums of x as they are); plus float32 sums."""
+    meets W less its zero where the zero term takes the block sums of x as they are (Q4_0, Q4_1),
+    all of W elsewhere; plus float32 sums."""
     group = 32 if kind in LEGACY else 256
     top = x.double().abs().view(x.shape[0], -1, group).amax(-1).repeat_interleave(group, dim=1)
     dense = torch.from_numpy(t.dequantize()).double()
@@ -101,16 +102,17 @@ def test_a_row_map_reads_the_rows_it_names():
 @pytest.mark.parametrize("tokens", [2, 4, 5, 8, 70])
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_each_row_of_a_batch_equals_its_product_alone(kind, tokens):
-    """The batched tiles (two by two at 2 rows; the legacy types' rows interleaved by eight from 5) sum
+    """The batched tiles (one or two weight rows by two or four tokens; from 5 rows, the legacy types'
+    and Q4_K / Q5_K's tokens interleaved by eight, 70 of them in pairs of groups and one alone) sum
     each row in the same order as one token does."""
-    t = random_tensor(kind, 21, 512, 0)
-    x = torch.randn(tokens, 512, generator=torch.Generator().manual_seed(1))
+    t = random_tensor(kind, 21, 1280, 0)   # five super-blocks: Q4_K / Q5_K sum four at a time, then one
+    x = torch.randn(tokens, 1280, generator=torch.Generator().manual_seed(1))
     batched = KERNELS.block_linear(x, block_matrix([t]))
     assert torch.equal(batched, torch.cat([KERNELS.block_linear(x[i:i + 1], block_matrix([t]))
                                            for i in range(tokens)]))
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K", "Q5_K"])
 def test_interleaved_rows_read_the_rows_a_row_map_names(kind):
     t = random_tensor(kind, 8, 256, 0)
     order = np.array([5, 5, 0, 7])
