@@ -10,8 +10,8 @@ With --interleave, the legacy types' two multi-row forms instead, side by side: 
 built (activation rows interleaved by eight from 5 rows, tile8 in kernels/cpu_kernels.cpp) and the
 same source built with interleaving off (tile's 2 x 4 tiles at every row count), alternating; each
 row count also checks that both give the same bits. With --one-row, the same for one weight row a
-tile (K-quants at every row count, every type at two) against tiles of two rows. With
---kinterleave, Q4_K / Q5_K's tokens interleaved by eight (ktile) against tile()'s one row by four.
+tile (legacy types at two rows) against tiles of two rows. With
+--kinterleave, the K-quants' tokens interleaved by eight (ktile) against one row by four (krow).
 
 With --prefill, also an engine's prefill time (a prompt of each length, cache flushed, one token
 out) on the default model or --model, with the bf16 panels on and off, alternating.
@@ -90,8 +90,8 @@ def prefill_times(model, lengths: list[int], repeats: int) -> dict:
 # --interleave / --one-row: the library as built against the same source built with a flag that
 # brings back the form it replaced: (flag, name of each side, block types compared)
 VARIANTS = {"interleave": ("-DRS_INTERLEAVE_ROWS=1000000000", "interleaved", "tile_only", ("Q4_0", "Q4_1", "Q8_0")),
-            "one_row": ("-DRS_PAIRED_ROWS", "one_row", "paired", ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")),
-            "kinterleave": ("-DRS_KINTERLEAVE_ROWS=1000000000", "kinterleaved", "tile_only", ("Q4_K", "Q5_K"))}
+            "one_row": ("-DRS_PAIRED_ROWS", "one_row", "paired", ("Q4_0", "Q4_1", "Q8_0")),
+            "kinterleave": ("-DRS_KINTERLEAVE_ROWS=1000000000", "kinterleaved", "krow", ("Q4_K", "Q5_K", "Q6_K"))}
 
 
 def variant_compare(kernels, matrices: dict, rows: list[int], repeats: int, variant: str) -> dict:
@@ -138,8 +138,8 @@ def main() -> None:
     p.add_argument("--model", default=None, help="for --prefill (default: the embedded model)")
     p.add_argument("--skip-matrices", action="store_true")
     p.add_argument("--interleave", action="store_true", help="interleaved rows against tile() alone, legacy types")
-    p.add_argument("--one-row", action="store_true", help="one weight row a tile against two (K-quants; any type at 2 rows)")
-    p.add_argument("--kinterleave", action="store_true", help="Q4_K / Q5_K tokens interleaved (ktile) against tile() alone")
+    p.add_argument("--one-row", action="store_true", help="one weight row a tile against two (legacy types at 2 rows)")
+    p.add_argument("--kinterleave", action="store_true", help="K-quant tokens interleaved (ktile) against one row by four")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     cpu = get_platform(torch.device("cpu"))

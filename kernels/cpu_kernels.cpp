@@ -465,10 +465,10 @@ void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int6
 // exact in int32: u8 x s8 multiply-adds, 32 weights an instruction pair (maddubs + madd; one
 // dpbusd where VNNI is present). y = sum_b scale_b * xscale_b * dot(q_b, xq_b) + zero_b * sum(x_b):
 // the legacy types' zero term takes the block's float sum of x as it is. Q4_K / Q5_K, as llama.cpp
-// does, take their mins against the int8 sums of x: a super-block is two integers, S (its dot) and
-// M (mins times block sums), and a token's float sum is the same operations on them in every
-// tile (k4_row, ktile), so that a row's result does not depend on the batch it is in. A
-// super-block's header is decoded once for all the activation rows a tile holds.
+// does, take their mins against the int8 sums of x: a K-quant super-block is two integers, S (its
+// dot) and M (mins times block sums; none for Q6_K), and a token's float sum is the same
+// operations on them in every tile (krow, ktile), so that a row's result does not depend on the
+// batch it is in. A super-block's header is decoded once for all the activation rows a tile holds.
 constexpr int64_t QBLOCK = 32;
 constexpr int64_t QK = 256;   // a K-quant super-block
 
@@ -476,8 +476,8 @@ constexpr int64_t QK = 256;   // a K-quant super-block
 // block of 32 with its float scale (x = xq * xscale) and float sum, for the legacy types; and,
 // where cols is a multiple of 256, int8 per super-block of 256 with one scale, for the K-quants,
 // whose eight sub-block dots then add up in int32 before one float multiply-add (llama.cpp's
-// Q8_K), with the integer sums of those int8 blocks for Q4_K / Q5_K's zeros. The float block sums
-// serve the legacy types' zeros.
+// Q8_K), with the integer sums of those int8 blocks (and of their halves, for Q6_K) for the
+// K-quants' zeros and offsets. The float block sums serve the legacy types' zeros.
 // Where several rows multiply a legacy-type matrix, the rows are also interleaved in groups of eight
 // (matmul_team builds them): group g, block b is 256 bytes, chunk c (values 4c..4c+3) holding row
 // 8g + t's four at bytes 4t..4t+3; then the group's block scales and sums as eight floats, row t in
@@ -489,6 +489,7 @@ struct Acts {
   const int8_t* xq256;
   const float* xscale256;
   const int16_t* xbsum256;  // [n][cols / 32] the integer sums of xq256's blocks of 32
+  const int16_t* xb16;      // [n][cols / 16] and of its halves (Q6_K's sub-scales cover 16)
   int64_t cols;
   int8_t* xi;       // [groups][cols / 32][256]
   float* xi_scale;  // [groups][cols / 32][8]
@@ -496,6 +497,7 @@ struct Acts {
   int8_t* xk;       // xq256 interleaved as xi interleaves xq
   float* xk_scale;  // [groups][cols / 256][8]
   int16_t* xk_bsum; // [groups][cols / 256][4][8][2]: sub-blocks 2p, 2p + 1 of row 8g + t at [p][t]
+  int16_t* xk_b16;  // [groups][cols / 256][8][8][2]: halves of sub-block p of row 8g + t at [p][t]
 };
 
 inline float half_to_float(const uint8_t* p) {
@@ -645,6 +647,7 @@ struct Q6_K {
   static void header(const uint8_t* p, Header<8>& h) {
     const float d = half_to_float(p + 208);
     h.d = d;
+    h.dmin = 0.f;
     for (int j = 0; j < 8; ++j) {
       h.scale[j] = d;
       h.zero[j] = 0.f;
@@ -756,6 +759,7 @@ inline void vheader(const Q6_K&, const uint8_t* p, VHeader& h) {
   h.scales[0] = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc));
   h.scales[1] = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc, 8)));
   h.d = half_f16c(p + 208);
+  h.dmin = 0.f;
 }
 
 inline __m256i weights(const Q4_0&, const uint8_t* p, int) { return nibbles32(p + 2); }
@@ -804,9 +808,9 @@ inline __m256i sub_scale(const VHeader& h, int j) {
   return _mm256_setzero_si256();
 }
 
-// Q4_K / Q5_K super-blocks' terms from their integer dots S and mins terms M (float), dxs = d * xs
-// and mxs = dmin * xs: S * dxs - M * mxs, the product rounded, then one fused multiply-add. The
-// same operations in any vector width: k4_row (a super-block a lane), ktile (a token a lane)
+// K-quant super-blocks' terms from their integer dots S and mins terms M (float; Q6_K: 0), dxs =
+// d * xs and mxs = dmin * xs: S * dxs - M * mxs, the product rounded, then one fused multiply-add.
+// The same operations in any vector width: krow (a super-block a lane), ktile (a token a lane)
 template <class V>
 inline V k4_terms(V S, V M, V dxs, V mxs);
 template <>
@@ -818,14 +822,12 @@ inline __m256 k4_terms(__m256 S, __m256 M, __m256 dxs, __m256 mxs) {
   return _mm256_fnmadd_ps(M, mxs, _mm256_mul_ps(S, dxs));
 }
 
-// out[r][t] = the dot of weight row r (w[r]: its first super-block) with activation row t0 + t,
-// for NR weight rows and NT activation rows. A K-quant super-block's eight sub-block dots
-// (sub-scales applied) add up in int32, then take d * the super-block's activation scale once
-// (Q6_K here; Q4_K / Q5_K in k4_row).
+// out[r][t] = the dot of legacy-type weight row r (w[r]: its first block) with activation row
+// t0 + t, for NR weight rows and NT activation rows (the K-quants: krow)
 template <class K, int NR, int NT>
 inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0, float out[NR][NT]) {
-  static_assert(!kmins<K>, "Q4_K / Q5_K run in k4_row");
-  const int64_t cols = a.cols, nb = cols / QBLOCK;
+  static_assert(K::SUBS == 1, "the K-quants run in krow");
+  const int64_t nb = a.cols / QBLOCK;
   __m256 acc[NR][NT];
   float zsum[NR][NT];
   for (int r = 0; r < NR; ++r)
@@ -836,41 +838,16 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
   for (int64_t s = 0; s < nsb; ++s) {
     VHeader h[NR];
     for (int r = 0; r < NR; ++r) vheader(K{}, w[r] + s * K::BYTES, h[r]);
-    if constexpr (K::SUBS == 1) {
-      __m256i wv[NR];
-      for (int r = 0; r < NR; ++r) wv[r] = weights(K{}, w[r] + s * K::BYTES, 0);
-      for (int t = 0; t < NT; ++t) {
-        const int64_t row = (t0 + t) * nb + s;
-        const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq + row * QBLOCK));
-        const float xs = a.xscale[row];
-        for (int r = 0; r < NR; ++r) {
-          const __m256i d = dot(K{}, wv[r], x, h[r], _mm256_setzero_si256());
-          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(h[r].d * xs), acc[r][t]);
-          if (K::ZERO) zsum[r][t] += h[r].zero * a.xsum[row];
-        }
-      }
-    } else {
-      __m256i isum[NR][NT];
-#pragma GCC unroll 8
-      for (int j = 0; j < K::SUBS; ++j) {
-        __m256i wv[NR], sc[NR];
-        for (int r = 0; r < NR; ++r) {
-          wv[r] = weights(K{}, w[r] + s * K::BYTES, j);
-          sc[r] = sub_scale<K>(h[r], j);
-        }
-        for (int t = 0; t < NT; ++t) {
-          const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq256 + (t0 + t) * cols + (s * K::SUBS + j) * QBLOCK));
-          const __m256i x32 = std::is_same<K, Q6_K>::value ? _mm256_maddubs_epi16(_mm256_set1_epi8(32), x) : x;
-          for (int r = 0; r < NR; ++r) {
-            const __m256i d = kdot(K{}, wv[r], x, x32, sc[r]);
-            isum[r][t] = j == 0 ? d : _mm256_add_epi32(d, isum[r][t]);
-          }
-        }
-      }
-      for (int t = 0; t < NT; ++t) {
-        const float xs = a.xscale256[(t0 + t) * nsb + s];
-        for (int r = 0; r < NR; ++r)
-          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(h[r].d * xs), acc[r][t]);
+    __m256i wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = weights(K{}, w[r] + s * K::BYTES, 0);
+    for (int t = 0; t < NT; ++t) {
+      const int64_t row = (t0 + t) * nb + s;
+      const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq + row * QBLOCK));
+      const float xs = a.xscale[row];
+      for (int r = 0; r < NR; ++r) {
+        const __m256i d = dot(K{}, wv[r], x, h[r], _mm256_setzero_si256());
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(h[r].d * xs), acc[r][t]);
+        if (K::ZERO) zsum[r][t] += h[r].zero * a.xsum[row];
       }
     }
   }
@@ -878,11 +855,11 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
     for (int t = 0; t < NT; ++t) out[r][t] = hsum(acc[r][t]) + zsum[r][t];
 }
 
-// Q4_K / Q5_K: weight row w against NT activation rows from t0. Each super-block's integer dot S
-// and mins term M (its int8 block sums times the mins) are reduced for four super-blocks at once,
-// a super-block a lane, before k4_terms' float operations
+// A K-quant weight row w against NT activation rows from t0. Each super-block's integer dot S
+// (sub-scales applied) and Q4_K / Q5_K's mins term M (their int8 block sums times the mins) are
+// reduced for four super-blocks at once, a super-block a lane, before k4_terms' float operations
 template <class K, int NT>
-inline void k4_row(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float* out) {
+inline void krow(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float* out) {
   const int64_t cols = a.cols, nb = cols / QBLOCK;
   __m128 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm_setzero_ps();
@@ -899,16 +876,18 @@ inline void k4_row(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, flo
       __m128i mins = _mm_setzero_si128();
       if (k < q) {
         const uint8_t* p = w + (s0 + k) * K::BYTES;
-        std::memcpy(halves + 2 * k, p, 4);
+        if constexpr (kmins<K>) std::memcpy(halves + 2 * k, p, 4);
+        else std::memcpy(halves + 2 * k, p + 208, 2);  // Q6_K's d
         VHeader h;
         vheader(K{}, p, h);
-        mins = h.mins;
+        if constexpr (kmins<K>) mins = h.mins;
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) {
           const __m256i wv = weights(K{}, p, j), sc = sub_scale<K>(h, j);
           for (int t = 0; t < NT; ++t) {
             const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq256 + (t0 + t) * cols + ((s0 + k) * 8 + j) * QBLOCK));
-            const __m256i d = kdot(K{}, wv, x, x, sc);
+            const __m256i x32 = std::is_same<K, Q6_K>::value ? _mm256_maddubs_epi16(_mm256_set1_epi8(32), x) : x;
+            const __m256i d = kdot(K{}, wv, x, x32, sc);
             isum[t] = j == 0 ? d : _mm256_add_epi32(d, isum[t]);
           }
         }
@@ -925,7 +904,7 @@ inline void k4_row(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, flo
     }
     const __m256 dm = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves)));
     const __m128 lo = _mm256_castps256_ps128(dm), hi = _mm256_extractf128_ps(dm, 1);
-    const __m128 d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), dmin4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    const __m128 d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), dmin4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));  // Q6_K: 0
     for (int t = 0; t < NT; ++t) {
       const float* xs = a.xscale256 + (t0 + t) * nsb + s0;
       alignas(16) float part[4] = {0.f, 0.f, 0.f, 0.f};
@@ -933,18 +912,21 @@ inline void k4_row(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, flo
       const __m128 xs4 = q == 4 ? _mm_loadu_ps(xs) : _mm_load_ps(part);
       const __m256i ps = _mm256_hadd_epi32(P[0][t], P[1][t]);  // a b c d (four lanes each half)
       const __m128i S = _mm_add_epi32(_mm256_castsi256_si128(ps), _mm256_extracti128_si256(ps, 1));
-      // the block sums of the super-blocks a row has (mins of the others are zero: none is read)
-      const int16_t* bs = a.xbsum256 + (t0 + t) * nb + s0 * 8;
-      __m256i Q[2];
-      for (int i = 0; i < 2; ++i) {
-        const __m256i b = 2 * i + 1 < q ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * i))
-                          : 2 * i < q ? _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + 16 * i)))
-                                      : _mm256_setzero_si256();
-        Q[i] = _mm256_madd_epi16(pair_mins[i], b);  // a's four | b's four
+      __m128i M = _mm_setzero_si128();
+      if constexpr (kmins<K>) {
+        // the block sums of the super-blocks a row has (mins of the others are zero: none is read)
+        const int16_t* bs = a.xbsum256 + (t0 + t) * nb + s0 * 8;
+        __m256i Q[2];
+        for (int i = 0; i < 2; ++i) {
+          const __m256i b = 2 * i + 1 < q ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * i))
+                            : 2 * i < q ? _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + 16 * i)))
+                                        : _mm256_setzero_si256();
+          Q[i] = _mm256_madd_epi16(pair_mins[i], b);  // a's four | b's four
+        }
+        const __m256i qq = _mm256_hadd_epi32(Q[0], Q[1]);  // a01 a23 c01 c23 | b01 b23 d01 d23
+        const __m256i q2 = _mm256_hadd_epi32(qq, qq);      // a c a c | b d b d
+        M = _mm_unpacklo_epi32(_mm256_castsi256_si128(q2), _mm256_extracti128_si256(q2, 1));
       }
-      const __m256i qq = _mm256_hadd_epi32(Q[0], Q[1]);  // a01 a23 c01 c23 | b01 b23 d01 d23
-      const __m256i q2 = _mm256_hadd_epi32(qq, qq);             // a c a c | b d b d
-      const __m128i M = _mm_unpacklo_epi32(_mm256_castsi256_si128(q2), _mm256_extracti128_si256(q2, 1));
       acc[t] = _mm_add_ps(acc[t], k4_terms(_mm_cvtepi32_ps(S), _mm_cvtepi32_ps(M), _mm_mul_ps(d4, xs4), _mm_mul_ps(dmin4, xs4)));
     }
   }
@@ -1001,24 +983,31 @@ inline __m256 tile8(const uint8_t* w, int64_t nb, const Acts& a, int64_t g) {
 }
 
 // Chunk C of sub-block j against G interleaved groups: the u8 x s8 pairs add up in int16 over
-// CH chunks (Q4_K's 16 products of 15 * 127 stay under 2^15; Q5_K's 31 allow 8), then take the
-// sub-scale in one multiply-add: a multiply per 32 products and 8 tokens, where tile() spends two
+// CH chunks (Q4_K's 16 products of 15 * 127 stay under 2^15; Q5_K's 31 allow 8, Q6_K's 63 four),
+// then take their sub-scale (chunks 0-3: lo, 4-7: hi) in one multiply-add: 1 + 1 / CH multiplies
+// per 32 products and 8 tokens, where krow spends two (Q6_K three)
 template <class K, int G, int C>
-inline void kchunks(__m256i lo, __m256i hi, const int8_t* const* xb, __m256i sc, __m256i* s16, __m256i* S) {
+inline void kchunks(__m256i lo, __m256i hi, const int8_t* const* xb, __m256i sc_lo, __m256i sc_hi, __m256i* s16,
+                    __m256i* S) {
   if constexpr (C < 8) {
-    constexpr int CH = std::is_same<K, Q4_K>::value ? 8 : 4;
+    constexpr int CH = std::is_same<K, Q4_K>::value ? 8 : std::is_same<K, Q5_K>::value ? 4 : 2;
     const __m256i wc = chunk_of<C>(lo, hi);
     for (int i = 0; i < G; ++i) {
       const __m256i prod = _mm256_maddubs_epi16(wc, load32(reinterpret_cast<const uint8_t*>(xb[i] + 32 * C)));
       s16[i] = C % CH == 0 ? prod : _mm256_add_epi16(s16[i], prod);
-      if (C % CH == CH - 1) S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(s16[i], sc));
+      if (C % CH == CH - 1) S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(s16[i], C < 4 ? sc_lo : sc_hi));
     }
-    kchunks<K, G, C + 1>(lo, hi, xb, sc, s16, S);
+    kchunks<K, G, C + 1>(lo, hi, xb, sc_lo, sc_hi, s16, S);
   }
 }
 
-// A Q4_K / Q5_K weight row (w: its first super-block) against interleaved groups g .. g + G - 1 of
-// xq256 (interleave_k_team): lane t of y[i] is what k4_row gives for activation row 8(g + i) + t,
+// int16 pairs (lane 2t, 2t + 1) of eight rows against one pair of int16 factors, summed per row
+inline __m256i pair_dot(const int16_t* pairs, __m256i factors) {
+  return _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs)), factors);
+}
+
+// A K-quant weight row (w: its first super-block) against interleaved groups g .. g + G - 1 of
+// xq256 (interleave_k_team): lane t of y[i] is what krow gives for activation row 8(g + i) + t,
 // bit for bit (the same integers S and M a super-block, the same k4_terms, the same four partial
 // sums added in the same order)
 template <class K, int G>
@@ -1038,21 +1027,32 @@ inline void ktile(const uint8_t* w, int64_t nsb, const Acts& a, int64_t g, __m25
       const __m256i wv = weights(K{}, p, j);
       const int8_t* xb[G];
       for (int i = 0; i < G; ++i) xb[i] = a.xk + ((g + i) * nb + s * 8 + j) * 256;
+      __m256i sc_lo = sub_scale<K>(h, j), sc_hi = sc_lo;
+      if constexpr (std::is_same<K, Q6_K>::value) {  // sub-scales 2j (weights 0-15), 2j + 1
+        sc_lo = _mm256_shuffle_epi8(h.scales[j / 4], lanes(2 * j % 8, 2 * j % 8));
+        sc_hi = _mm256_shuffle_epi8(h.scales[j / 4], lanes((2 * j + 1) % 8, (2 * j + 1) % 8));
+      }
       kchunks<K, G, 0>(_mm256_permute2x128_si256(wv, wv, 0x00), _mm256_permute2x128_si256(wv, wv, 0x11), xb,
-                       sub_scale<K>(h, j), s16, S);
+                       sc_lo, sc_hi, s16, S);
     }
-    // mins 2p, 2p + 1 against each row's block sums 2p, 2p + 1
-    const __m256i mins = _mm256_broadcastsi128_si256(h.mins);
-    const __m256i m01 = _mm256_shuffle_epi32(mins, 0x00), m23 = _mm256_shuffle_epi32(mins, 0x55);
-    const __m256i m45 = _mm256_shuffle_epi32(mins, 0xAA), m67 = _mm256_shuffle_epi32(mins, 0xFF);
     for (int i = 0; i < G; ++i) {
-      const int16_t* bs = a.xk_bsum + ((g + i) * nsb + s) * 64;
-      const auto pair = [&](int q, __m256i m) {
-        return _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * q)), m);
-      };
-      const __m256i M = _mm256_add_epi32(_mm256_add_epi32(pair(0, m01), pair(1, m23)),
-                                         _mm256_add_epi32(pair(2, m45), pair(3, m67)));
-      const __m256 xs = _mm256_loadu_ps(a.xk_scale + ((g + i) * nsb + s) * 8);
+      const int64_t at = (g + i) * nsb + s;
+      __m256i M = _mm256_setzero_si256();
+      if constexpr (kmins<K>) {  // mins 2p, 2p + 1 against each row's block sums 2p, 2p + 1
+        const __m256i mins = _mm256_broadcastsi128_si256(h.mins);
+        const int16_t* bs = a.xk_bsum + at * 64;
+        M = _mm256_add_epi32(_mm256_add_epi32(pair_dot(bs, _mm256_shuffle_epi32(mins, 0x00)),
+                                              pair_dot(bs + 16, _mm256_shuffle_epi32(mins, 0x55))),
+                             _mm256_add_epi32(pair_dot(bs + 32, _mm256_shuffle_epi32(mins, 0xAA)),
+                                              pair_dot(bs + 48, _mm256_shuffle_epi32(mins, 0xFF))));
+      } else {  // Q6_K: S took u * x, and u - 32 is the weight: less 32 * sub-scale * (sum of its 16 x)
+        const int16_t* b16 = a.xk_b16 + at * 128;
+        __m256i off = _mm256_setzero_si256();
+        for (int q = 0; q < 8; ++q)
+          off = _mm256_add_epi32(off, pair_dot(b16 + 16 * q, _mm256_shuffle_epi32(h.scales[q / 4], 0x55 * (q % 4))));
+        S[i] = _mm256_sub_epi32(S[i], _mm256_slli_epi32(off, 5));
+      }
+      const __m256 xs = _mm256_loadu_ps(a.xk_scale + at * 8);
       acc[i][s % 4] = _mm256_add_ps(acc[i][s % 4], k4_terms(_mm256_cvtepi32_ps(S[i]), _mm256_cvtepi32_ps(M),
                                                             _mm256_mul_ps(_mm256_set1_ps(h.d), xs),
                                                             _mm256_mul_ps(_mm256_set1_ps(h.dmin), xs)));
@@ -1067,7 +1067,7 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
   const int64_t cols = a.cols, nb = cols / QBLOCK;
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) {
-      float acc = 0.f, part[4] = {0.f, 0.f, 0.f, 0.f};  // part: Q4_K / Q5_K's, as k4_row sums them
+      float acc = 0.f, part[4] = {0.f, 0.f, 0.f, 0.f};  // part: the K-quants', as krow sums them
       const int64_t row = t0 + t;
       for (int64_t s = 0; s < nsb; ++s) {
         const uint8_t* p = w[r] + s * K::BYTES;
@@ -1085,10 +1085,9 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
           else if (K::ZERO) acc += h.zero[j] * a.xsum[row * nb + b];
         }
         const float xs = K::SUBS > 1 ? a.xscale256[row * nsb + s] : 0.f;
-        if (kmins<K>) part[s % 4] += std::fma(-float(msum), h.dmin * xs, float(ksum) * (h.d * xs));
-        else if (K::SUBS > 1) acc += float(ksum) * (h.d * xs);
+        if (K::SUBS > 1) part[s % 4] += std::fma(-float(msum), h.dmin * xs, float(ksum) * (h.d * xs));
       }
-      out[r][t] = kmins<K> ? (part[0] + part[1]) + (part[2] + part[3]) : acc;
+      out[r][t] = K::SUBS > 1 ? (part[0] + part[1]) + (part[2] + part[3]) : acc;
     }
 }
 #endif
@@ -1132,18 +1131,21 @@ inline void round_block(const float* xb, float inv, int8_t* qb) {
 #endif
 }
 
-// the sum of a block of 32 int8 (at most 32 * 127 in magnitude)
-inline int16_t block_isum(const int8_t* qb) {
+// the sums of the two halves of a block of 32 int8 (each at most 16 * 127 in magnitude)
+inline void block_isums(const int8_t* qb, int16_t* halves) {
 #if defined(__AVX2__) && defined(__FMA__)
   const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb)));
-  const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-  const __m128i q4 = _mm_add_epi32(_mm256_castsi256_si128(quads), _mm256_extracti128_si256(quads, 1));
-  const __m128i q2 = _mm_add_epi32(q4, _mm_unpackhi_epi64(q4, q4));
-  return int16_t(_mm_cvtsi128_si32(_mm_add_epi32(q2, _mm_shuffle_epi32(q2, 1))));
+  const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));  // bytes 0-15 low, 16-31 high
+  const __m256i q2 = _mm256_add_epi32(quads, _mm256_shuffle_epi32(quads, 0x4E));
+  const __m256i q1 = _mm256_add_epi32(q2, _mm256_shuffle_epi32(q2, 0xB1));
+  halves[0] = int16_t(_mm256_cvtsi256_si32(q1));
+  halves[1] = int16_t(_mm_cvtsi128_si32(_mm256_extracti128_si256(q1, 1)));
 #else
-  int32_t total = 0;
-  for (int j = 0; j < QBLOCK; ++j) total += qb[j];
-  return int16_t(total);
+  for (int h = 0; h < 2; ++h) {
+    int32_t total = 0;
+    for (int j = 0; j < QBLOCK / 2; ++j) total += qb[16 * h + j];
+    halves[h] = int16_t(total);
+  }
 #endif
 }
 
@@ -1191,7 +1193,8 @@ constexpr int64_t CHUNK_BYTES = 128 << 10;
 #define RS_INTERLEAVE_ROWS 5
 #endif
 constexpr int64_t INTERLEAVE_ROWS = RS_INTERLEAVE_ROWS;
-// From this many, Q4_K / Q5_K matrices run on rows interleaved by eight too (ktile)
+// From this many, K-quant matrices run on rows interleaved by eight too (ktile): 1.5-2x the one
+// row by four tiles at 5 to 64 rows (bench/gemm.py --kinterleave)
 #ifndef RS_KINTERLEAVE_ROWS
 #define RS_KINTERLEAVE_ROWS 5
 #endif
@@ -1211,8 +1214,8 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
     }
   float d[NR][NT];
 #if defined(__AVX2__) && defined(__FMA__)
-  if constexpr (kmins<K>) {
-    for (int i = 0; i < NR; ++i) k4_row<K, NT>(w[i], nsb, a, t0, d[i]);
+  if constexpr (K::SUBS == 8) {
+    for (int i = 0; i < NR; ++i) krow<K, NT>(w[i], nsb, a, t0, d[i]);
   } else
 #endif
     tile<K, NR, NT>(w, nsb, a, t0, d);
@@ -1225,10 +1228,9 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
 }
 
 // NT tokens against every weight row of a segment (orphaned loops, as below). A row goes alone
-// where two rows' headers, scales and sums do not fit the registers: K-quants, and any type at two
-// tokens (8B-shaped Q4_K 1.28x / 1.18x at one / two tokens, Q6_K 1.17x / 1.13x, Q8_0 1.14x at two;
-// bench/gemm.py --one-row, against -DRS_PAIRED_ROWS; the same bits). Q4_0 / Q4_1 / Q8_0 at one
-// token keep tiles of two rows, which were faster there.
+// where two rows' headers, scales and sums do not fit the registers: K-quants (krow), and any
+// type at two tokens (Q8_0 1.14x at two; bench/gemm.py --one-row, against -DRS_PAIRED_ROWS; the
+// same bits). Q4_0 / Q4_1 / Q8_0 at one token keep tiles of two rows, which were faster there.
 template <class K, int NT>
 inline void rows_once(const BlockMatrix& m, const BlockSegment& s, int64_t row0, const Acts& a, float* out) {
 #ifndef RS_PAIRED_ROWS
@@ -1258,8 +1260,8 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
   if (n == 1) return rows_once<K, 1>(m, s, row0, a, out);
   if (n == 2) return rows_once<K, 2>(m, s, row0, a, out);
 #if defined(__AVX2__) && defined(__FMA__)
-  if constexpr (kmins<K>) if (n >= KINTERLEAVE_ROWS) {
-    // the same for Q4_K / Q5_K (interleave_k_team made the groups), two groups a weight row's pass
+  if constexpr (K::SUBS == 8) if (n >= KINTERLEAVE_ROWS) {
+    // the same for the K-quants (interleave_k_team made the groups), two groups a weight row's pass
     const int64_t nsb = cols / QK, groups = (n + 7) / 8;
     const int64_t chunk = std::max<int64_t>(2, CHUNK_BYTES / (8 * cols) / 2 * 2);
     const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
@@ -1351,7 +1353,7 @@ inline void interleave_team(const Acts& a, int64_t n) {
   }
 }
 
-// The same of xq256 for Q4_K / Q5_K (ktile), with the rows' super-block scales and block sums
+// The same of xq256 for the K-quants (ktile), with the rows' super-block scales and block sums
 inline void interleave_k_team(const Acts& a, int64_t n) {
   const int64_t nb = a.cols / QBLOCK, nsb = a.cols / QK, groups = (n + 7) / 8;
 #pragma omp for schedule(static)
@@ -1359,6 +1361,7 @@ inline void interleave_k_team(const Acts& a, int64_t n) {
     const int64_t g = gb / nb, b = gb % nb, s = b / 8, j = b % 8;
     int8_t* dst = a.xk + gb * 256;
     int16_t* bsum = a.xk_bsum + ((g * nsb + s) * 4 + j / 2) * 16 + j % 2;
+    int16_t* b16 = a.xk_b16 + ((g * nsb + s) * 8 + j) * 16;
     float* scale = a.xk_scale + (g * nsb + s) * 8;
     for (int64_t t = 0; t < 8; ++t) {
       const int64_t r = 8 * g + t;
@@ -1366,10 +1369,12 @@ inline void interleave_k_team(const Acts& a, int64_t n) {
         const int8_t* src = a.xq256 + r * a.cols + b * QBLOCK;
         for (int c = 0; c < 8; ++c) std::memcpy(dst + 32 * c + 4 * t, src + 4 * c, 4);
         bsum[2 * t] = a.xbsum256[r * nb + b];
+        std::memcpy(b16 + 2 * t, a.xb16 + 2 * (r * nb + b), 4);
         if (j == 0) scale[t] = a.xscale256[r * nsb + s];
       } else {
         for (int c = 0; c < 8; ++c) std::memset(dst + 32 * c + 4 * t, 0, 4);
         bsum[2 * t] = 0;
+        b16[2 * t] = b16[2 * t + 1] = 0;
         if (j == 0) scale[t] = 0.f;
       }
     }
@@ -1382,7 +1387,7 @@ inline void matmul_team(const BlockMatrix& m, int64_t n, const Acts& a, float* o
 #if defined(__AVX2__) && defined(__FMA__)
   const auto any = [&](auto kinds) { return std::any_of(m.segment, m.segment + m.n_segments, kinds); };
   if (n >= INTERLEAVE_ROWS && any([](const BlockSegment& s) { return s.kind <= KIND_Q8_0; })) interleave_team(a, n);
-  if (n >= KINTERLEAVE_ROWS && any([](const BlockSegment& s) { return s.kind == KIND_Q4_K || s.kind == KIND_Q5_K; }))
+  if (n >= KINTERLEAVE_ROWS && any([](const BlockSegment& s) { return s.kind >= KIND_Q4_K; }))
     interleave_k_team(a, n);
 #endif
   int64_t row0 = 0;
@@ -1407,15 +1412,17 @@ struct QuantizedRows {
   float* xi_scale;
   float* xi_sum;
   int16_t* xbsum256;
+  int16_t* xb16;
   int8_t* xk;
   float* xk_scale;
   int16_t* xk_bsum;
+  int16_t* xk_b16;
   QuantizedRows(int64_t n, int64_t cols) {
     const int64_t nb = cols / QBLOCK, n4 = (n + 3) / 4 * 4, bytes = (n4 * cols + 63) / 64 * 64;
     const int64_t n8 = (n + 7) / 8 * 8, ibytes = n8 * cols;
     xq = static_cast<int8_t*>(std::malloc(2 * bytes + 2 * ibytes +
                                           sizeof(float) * (2 * n4 * nb + n4 * (nb / 8 + 1) + 2 * n8 * nb + n8 * (nb / 8 + 1)) +
-                                          sizeof(int16_t) * (n4 * nb + n8 * nb)));
+                                          sizeof(int16_t) * 3 * (n4 * nb + n8 * nb)));
     xq256 = xq + bytes;
     xi = xq256 + bytes;
     xk = xi + ibytes;
@@ -1426,7 +1433,9 @@ struct QuantizedRows {
     xi_sum = xi_scale + n8 * nb;
     xk_scale = xi_sum + n8 * nb;
     xbsum256 = reinterpret_cast<int16_t*>(xk_scale + n8 * (nb / 8 + 1));
-    xk_bsum = xbsum256 + n4 * nb;
+    xb16 = xbsum256 + n4 * nb;
+    xk_bsum = xb16 + 2 * n4 * nb;
+    xk_b16 = xk_bsum + n8 * nb;
   }
   ~QuantizedRows() { std::free(xq); }
   QuantizedRows(const QuantizedRows&) = delete;
@@ -1434,7 +1443,7 @@ struct QuantizedRows {
 
   // the layout of rows `cols` wide
   Acts view(int64_t cols) const {
-    return Acts{xq, xscale, xsum, xq256, xscale256, xbsum256, cols, xi, xi_scale, xi_sum, xk, xk_scale, xk_bsum};
+    return Acts{xq, xscale, xsum, xq256, xscale256, xbsum256, xb16, cols, xi, xi_scale, xi_sum, xk, xk_scale, xk_bsum, xk_b16};
   }
 
   // values [c0, c0 + len) of row r (x: the row, cols wide), len a multiple of 32; the super-block
@@ -1452,7 +1461,9 @@ struct QuantizedRows {
         const float t256 = *std::max_element(top, top + QK / QBLOCK);
         for (int64_t cc = c + QBLOCK - QK; cc <= c; cc += QBLOCK) {
           round_block(x + cc, t256 > 0.f ? 127.0f / t256 : 0.f, xq256 + r * cols + cc);
-          xbsum256[r * nb + cc / QBLOCK] = block_isum(xq256 + r * cols + cc);
+          int16_t* halves = xb16 + 2 * (r * nb + cc / QBLOCK);
+          block_isums(xq256 + r * cols + cc, halves);
+          xbsum256[r * nb + cc / QBLOCK] = int16_t(halves[0] + halves[1]);
         }
         xscale256[r * (cols / QK) + c / QK] = t256 / 127.0f;
       }

@@ -112,7 +112,7 @@ def test_each_row_of_a_batch_equals_its_product_alone(kind, tokens):
                                            for i in range(tokens)]))
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K", "Q5_K"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_interleaved_rows_read_the_rows_a_row_map_names(kind):
     t = random_tensor(kind, 8, 256, 0)
     order = np.array([5, 5, 0, 7])
