@@ -10,6 +10,7 @@ bench/results/decode_floor.json when bench/decode_floor.py has written it.
     .venv/bin/python bench/decode_step.py                        # 5 repeats of each shape
     .venv/bin/python bench/decode_step.py --forms fused separate --repeats 4
     .venv/bin/python bench/decode_step.py --shapes 1x130 32x130 --json bench/results/decode_step_b1_b32.json
+    .venv/bin/python bench/decode_step.py --model bench/models/llama-1b-Q4_K_M.gguf --shapes 1x130
 """
 from __future__ import annotations
 
@@ -54,13 +55,16 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=[f"{b}x{c}" for b, c in SHAPES],
                    help="requests x context tokens, e.g. 1x130 32x130")
     p.add_argument("--json", type=Path, default=RESULTS / "decode_step.json")
+    p.add_argument("--model", default=None, help="a GGUF file or HF directory (default: the embedded model)")
     args = p.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
-    engine = Engine(EngineConfig(kv_cache_tokens=65536, max_running_requests=64), model_files=load_model_files(None))
+    engine = Engine(EngineConfig(kv_cache_tokens=65536, max_running_requests=64), model_files=load_model_files(args.model))
     fused = engine.model.fused_decode
     floors = {}
-    if (RESULTS / "decode_floor.json").exists():
-        floors = {k: v["floor_ms"] for k, v in json.loads((RESULTS / "decode_floor.json").read_text())["shapes"].items()}
+    if (RESULTS / "decode_floor.json").exists():   # the floor of the same model only
+        floor_report = json.loads((RESULTS / "decode_floor.json").read_text())
+        if floor_report.get("model") == args.model:
+            floors = {k: v["floor_ms"] for k, v in floor_report["shapes"].items()}
     times: dict[tuple[str, str], list[float]] = {}
     try:
         step_ms(engine, 1, 50, 8, 0)   # warm-up
