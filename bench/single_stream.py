@@ -129,7 +129,11 @@ def table(report: dict) -> str:
 
 
 def chart(report: dict, path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:   # the figures are in the JSON and the table; the chart is optional
+        print("no matplotlib: no chart", flush=True)
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
