@@ -7,10 +7,9 @@ Matrices: the default model's MLP (Q4_1, 1536 x 576 and 576 x 1536), and 1B-shap
 each block type made here (random weights, quantized with the gguf package's reference).
 
 With --interleave, the legacy types' two multi-row forms instead, side by side: the library as
-built (activation rows interleaved by eight from 5 rows, tile8 in kernels/cpu_kernels.cpp) and the
-same source built with interleaving off (tile's 2 x 4 tiles at every row count), alternating; each
-row count also checks that both give the same bits. With --one-row, the same for one weight row a
-tile (legacy types at two rows) against tiles of two rows. With
+built (activation rows interleaved by eight from 5 rows, ltile in kernels/cpu_kernels.cpp) and the
+same source built with interleaving off (lrow's 1 x 4 tiles at every row count), alternating; each
+row count also checks that both give the same bits. With
 --kinterleave, the K-quants' tokens interleaved by eight (ktile) against one row by four (krow).
 
 With --prefill, also an engine's prefill time (a prompt of each length, cache flushed, one token
@@ -21,7 +20,6 @@ Writes bench/results/gemm.json (or --out). Reports figures, never asserts.
     .venv/bin/python bench/gemm.py [--rows 1 4 16 32 64 128 512] [--repeats 7]
     .venv/bin/python bench/gemm.py --prefill 512 2000 [--model bench/models/llama-1b-Q8_0.gguf]
     .venv/bin/python bench/gemm.py --interleave --rows 4 5 8 16 32 --out bench/results/gemm_interleave.json
-    .venv/bin/python bench/gemm.py --one-row --rows 1 2 4 8 --out bench/results/gemm_one_row.json
     .venv/bin/python bench/gemm.py --kinterleave --rows 4 5 8 16 64 --out bench/results/gemm_kinterleave.json
 """
 from __future__ import annotations
@@ -87,10 +85,9 @@ def prefill_times(model, lengths: list[int], repeats: int) -> dict:
     return out
 
 
-# --interleave / --one-row: the library as built against the same source built with a flag that
+# --interleave / --kinterleave: the library as built against the same source built with a flag that
 # brings back the form it replaced: (flag, name of each side, block types compared)
 VARIANTS = {"interleave": ("-DRS_INTERLEAVE_ROWS=1000000000", "interleaved", "tile_only", ("Q4_0", "Q4_1", "Q8_0")),
-            "one_row": ("-DRS_PAIRED_ROWS", "one_row", "paired", ("Q4_0", "Q4_1", "Q8_0")),
             "kinterleave": ("-DRS_KINTERLEAVE_ROWS=1000000000", "kinterleaved", "krow", ("Q4_K", "Q5_K", "Q6_K"))}
 
 
@@ -138,7 +135,6 @@ def main() -> None:
     p.add_argument("--model", default=None, help="for --prefill (default: the embedded model)")
     p.add_argument("--skip-matrices", action="store_true")
     p.add_argument("--interleave", action="store_true", help="interleaved rows against tile() alone, legacy types")
-    p.add_argument("--one-row", action="store_true", help="one weight row a tile against two (legacy types at 2 rows)")
     p.add_argument("--kinterleave", action="store_true", help="K-quant tokens interleaved (ktile) against one row by four")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
@@ -152,9 +148,9 @@ def main() -> None:
                 "1B qkv (Q8_0 3072x2048)": made_matrix("Q8_0", 3072, 2048)}
     report = {"command": "bench/gemm.py " + " ".join(sys.argv[1:]), "machine": machine(),
               "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "matrices": {}}
-    if args.interleave or args.one_row:
+    if args.interleave:
         matrices["1B qkv (Q4_1 3072x2048)"] = made_matrix("Q4_1", 3072, 2048)
-    if args.one_row or args.kinterleave:
+    if args.kinterleave:
         matrices["8B up (Q4_K 14336x4096)"] = made_matrix("Q4_K", 14336, 4096)
     if args.kinterleave:
         matrices["1B down (Q5_K 2048x8192)"] = made_matrix("Q5_K", 2048, 8192)

@@ -822,37 +822,73 @@ inline __m256 k4_terms(__m256 S, __m256 M, __m256 dxs, __m256 mxs) {
   return _mm256_fnmadd_ps(M, mxs, _mm256_mul_ps(S, dxs));
 }
 
-// out[r][t] = the dot of legacy-type weight row r (w[r]: its first block) with activation row
-// t0 + t, for NR weight rows and NT activation rows (the K-quants: krow)
-template <class K, int NR, int NT>
-inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0, float out[NR][NT]) {
-  static_assert(K::SUBS == 1, "the K-quants run in krow");
-  const int64_t nb = a.cols / QBLOCK;
-  __m256 acc[NR][NT];
-  float zsum[NR][NT];
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      zsum[r][t] = 0.f;
-    }
-  for (int64_t s = 0; s < nsb; ++s) {
-    VHeader h[NR];
-    for (int r = 0; r < NR; ++r) vheader(K{}, w[r] + s * K::BYTES, h[r]);
-    __m256i wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = weights(K{}, w[r] + s * K::BYTES, 0);
-    for (int t = 0; t < NT; ++t) {
-      const int64_t row = (t0 + t) * nb + s;
-      const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq + row * QBLOCK));
-      const float xs = a.xscale[row];
-      for (int r = 0; r < NR; ++r) {
-        const __m256i d = dot(K{}, wv[r], x, h[r], _mm256_setzero_si256());
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(h[r].d * xs), acc[r][t]);
-        if (K::ZERO) zsum[r][t] += h[r].zero * a.xsum[row];
+// Legacy types' blocks' terms from their integer dots S (float), dxs = d * xs, and zero * (the
+// block's float sum of x): S * dxs + zero * xsum, the product rounded, then one fused multiply-add.
+// The same operations in lrow (a block a lane) and ltile (a token a lane).
+inline __m256 legacy_terms(__m256 S, __m256 dxs, __m256 zero, __m256 xsum) {
+  return _mm256_fmadd_ps(zero, xsum, _mm256_mul_ps(S, dxs));
+}
+// the eight partial sums of a row's terms (term of block b in sum b % 8), added in one order
+inline float legacy_sum(__m256 acc) {
+  const __m256 pairs = _mm256_hadd_ps(acc, acc);  // (0 + 1) (2 + 3) .. | (4 + 5) (6 + 7) ..
+  const __m256 quads = _mm256_hadd_ps(pairs, pairs);
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1)));
+}
+
+// A legacy-type weight row w against NT activation rows from t0: each block's integer dot S,
+// reduced for eight blocks at once (a block a lane), then legacy_terms in eight lanes
+template <class K, int NT>
+inline void lrow(const uint8_t* w, int64_t nb, const Acts& a, int64_t t0, float* out) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+    const int64_t q = std::min<int64_t>(8, nb - b0);
+    __m256i pending[NT], pair[NT][4], quad[NT][2];
+    // each block's f16 d (and Q4_1's m) put in lanes in registers: a vector load of eight small
+    // stores would wait for them (store-to-load forwarding fails across stores)
+    __m128i dh = _mm_setzero_si128(), mh = _mm_setzero_si128();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      __m256i v[NT];
+      if (k < q) {
+        const uint8_t* p = w + (b0 + k) * K::BYTES;
+        uint16_t half;
+        std::memcpy(&half, p, 2);
+        dh = _mm_insert_epi16(dh, half, k);
+        if constexpr (std::is_same<K, Q4_1>::value) {
+          std::memcpy(&half, p + 2, 2);
+          mh = _mm_insert_epi16(mh, half, k);
+        }
+        VHeader h;
+        const __m256i wv = weights(K{}, p, 0);
+        for (int t = 0; t < NT; ++t)
+          v[t] = dot(K{}, wv, load32(reinterpret_cast<const uint8_t*>(a.xq + ((t0 + t) * nb + b0 + k) * QBLOCK)), h,
+                     _mm256_setzero_si256());
+      } else {
+        for (int t = 0; t < NT; ++t) v[t] = _mm256_setzero_si256();
+      }
+      for (int t = 0; t < NT; ++t) {
+        if (k % 2 == 0) pending[t] = v[t];
+        else pair[t][k / 2] = _mm256_hadd_epi32(pending[t], v[t]);
+        if (k == 3 || k == 7) quad[t][k / 4] = _mm256_hadd_epi32(pair[t][k / 4 * 2], pair[t][k / 4 * 2 + 1]);
       }
     }
+    const __m256 d8 = _mm256_cvtph_ps(dh);
+    const __m256 zero8 = std::is_same<K, Q4_0>::value   ? _mm256_mul_ps(_mm256_set1_ps(-8.0f), d8)
+                         : std::is_same<K, Q4_1>::value ? _mm256_cvtph_ps(mh)
+                                                        : _mm256_setzero_ps();
+    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(q)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int t = 0; t < NT; ++t) {
+      // blocks a b c d | e f g h: each block's four lanes, then its other four
+      const __m256i S = _mm256_add_epi32(_mm256_permute2x128_si256(quad[t][0], quad[t][1], 0x20),
+                                         _mm256_permute2x128_si256(quad[t][0], quad[t][1], 0x31));
+      const int64_t at = (t0 + t) * nb + b0;
+      const __m256 xs = q == 8 ? _mm256_loadu_ps(a.xscale + at) : _mm256_maskload_ps(a.xscale + at, live);
+      const __m256 xsum = q == 8 ? _mm256_loadu_ps(a.xsum + at) : _mm256_maskload_ps(a.xsum + at, live);
+      acc[t] = _mm256_add_ps(acc[t], legacy_terms(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d8, xs), zero8, xsum));
+    }
   }
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) out[r][t] = hsum(acc[r][t]) + zsum[r][t];
+  for (int t = 0; t < NT; ++t) out[t] = legacy_sum(acc[t]);
 }
 
 // A K-quant weight row w against NT activation rows from t0. Each super-block's integer dot S
@@ -869,15 +905,22 @@ inline void krow(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float
     // and the pair's mins (a's | b's)
     __m256i P[2][NT], first[NT], pair_mins[2];
     __m128i mins_first = _mm_setzero_si128();
-    alignas(16) uint16_t halves[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // d, dmin of each super-block
+    __m128i halves = _mm_setzero_si128();  // d, dmin of each super-block, put in lanes as lrow does
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       __m256i isum[NT];
       __m128i mins = _mm_setzero_si128();
       if (k < q) {
         const uint8_t* p = w + (s0 + k) * K::BYTES;
-        if constexpr (kmins<K>) std::memcpy(halves + 2 * k, p, 4);
-        else std::memcpy(halves + 2 * k, p + 208, 2);  // Q6_K's d
+        if constexpr (kmins<K>) {
+          uint32_t both;
+          std::memcpy(&both, p, 4);
+          halves = _mm_insert_epi32(halves, int(both), k);
+        } else {
+          uint16_t d;  // Q6_K's
+          std::memcpy(&d, p + 208, 2);
+          halves = _mm_insert_epi16(halves, d, 2 * k);
+        }
         VHeader h;
         vheader(K{}, p, h);
         if constexpr (kmins<K>) mins = h.mins;
@@ -902,7 +945,7 @@ inline void krow(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float
         for (int t = 0; t < NT; ++t) P[k / 2][t] = _mm256_hadd_epi32(first[t], isum[t]);
       }
     }
-    const __m256 dm = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves)));
+    const __m256 dm = _mm256_cvtph_ps(halves);
     const __m128 lo = _mm256_castps256_ps128(dm), hi = _mm256_extractf128_ps(dm, 1);
     const __m128 d4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), dmin4 = _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));  // Q6_K: 0
     for (int t = 0; t < NT; ++t) {
@@ -942,44 +985,56 @@ template <int C>
 inline __m256i chunk_of(__m256i lo, __m256i hi) {
   return _mm256_shuffle_epi32(C < 4 ? lo : hi, (C % 4) * 0x55);
 }
-template <class K, int C>
-inline void chunk_step(__m256i lo, __m256i hi, const int8_t* xb, __m256 scale, const VHeader& h, __m256* acc) {
-  const __m256i d = dot(K{}, chunk_of<C>(lo, hi), load32(reinterpret_cast<const uint8_t*>(xb + 32 * C)), h,
-                        _mm256_setzero_si256());
-  acc[C] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), scale, acc[C]);
+// Chunk C of a legacy block against G interleaved groups: Q4_0 / Q4_1's u8 x s8 pairs add up in
+// int16 over the block's eight chunks (16 products of 15 * 127) before one multiply-add; Q8_0's
+// signed weights take their sign over to x, and each chunk its multiply-add
+template <class K, int G, int C>
+inline void lchunks(__m256i lo, __m256i hi, const int8_t* const* xb, __m256i* s16, __m256i* S) {
+  if constexpr (C < 8) {
+    const __m256i wc = chunk_of<C>(lo, hi), ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < G; ++i) {
+      const __m256i x = load32(reinterpret_cast<const uint8_t*>(xb[i] + 32 * C));
+      if constexpr (std::is_same<K, Q8_0>::value) {
+        const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wc, wc), _mm256_sign_epi8(x, wc));
+        S[i] = C == 0 ? _mm256_madd_epi16(prod, ones) : _mm256_add_epi32(S[i], _mm256_madd_epi16(prod, ones));
+      } else {
+        const __m256i prod = _mm256_maddubs_epi16(wc, x);
+        s16[i] = C == 0 ? prod : _mm256_add_epi16(s16[i], prod);
+        if (C == 7) S[i] = _mm256_madd_epi16(s16[i], ones);
+      }
+    }
+    lchunks<K, G, C + 1>(lo, hi, xb, s16, S);
+  }
 }
 
-// A legacy-type weight row (w: its first block) against interleaved group g: lane t is what tile()
-// gives for activation row 8g + t, bit for bit. Its lane l there sums chunk l's products of every
-// block; here that sum is acc[l]'s lane t, and the eight are added in hsum's order.
-template <class K>
-inline __m256 tile8(const uint8_t* w, int64_t nb, const Acts& a, int64_t g) {
-  __m256 acc[8], zsum = _mm256_setzero_ps();
-  for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
-  const int8_t* xg = a.xi + g * nb * 256;
-  const float* sg = a.xi_scale + g * nb * 8;
-  const float* zg = a.xi_sum + g * nb * 8;
+// A legacy-type weight row (w: its first block) against interleaved groups g .. g + G - 1 of xq
+// (interleave_team): lane t of y[i] is what lrow gives for activation row 8(g + i) + t, bit for
+// bit (the same integer S a block, the same legacy_terms, the same eight partial sums in order)
+template <class K, int G>
+inline void ltile(const uint8_t* w, int64_t nb, const Acts& a, int64_t g, __m256* y) {
+  __m256 acc[G][8];
+  for (int i = 0; i < G; ++i)
+    for (int k = 0; k < 8; ++k) acc[i][k] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = w + b * K::BYTES;
     VHeader h;
     vheader(K{}, p, h);
     const __m256i wv = weights(K{}, p, 0);
-    const __m256i lo = _mm256_permute2x128_si256(wv, wv, 0x00), hi = _mm256_permute2x128_si256(wv, wv, 0x11);
-    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(h.d), _mm256_loadu_ps(sg + 8 * b));
-    if (K::ZERO) zsum = _mm256_add_ps(zsum, _mm256_mul_ps(_mm256_set1_ps(h.zero), _mm256_loadu_ps(zg + 8 * b)));
-    const int8_t* xb = xg + b * 256;
-    chunk_step<K, 0>(lo, hi, xb, scale, h, acc);
-    chunk_step<K, 1>(lo, hi, xb, scale, h, acc);
-    chunk_step<K, 2>(lo, hi, xb, scale, h, acc);
-    chunk_step<K, 3>(lo, hi, xb, scale, h, acc);
-    chunk_step<K, 4>(lo, hi, xb, scale, h, acc);
-    chunk_step<K, 5>(lo, hi, xb, scale, h, acc);
-    chunk_step<K, 6>(lo, hi, xb, scale, h, acc);
-    chunk_step<K, 7>(lo, hi, xb, scale, h, acc);
+    const int8_t* xb[G];
+    for (int i = 0; i < G; ++i) xb[i] = a.xi + ((g + i) * nb + b) * 256;
+    __m256i s16[G], S[G];
+    lchunks<K, G, 0>(_mm256_permute2x128_si256(wv, wv, 0x00), _mm256_permute2x128_si256(wv, wv, 0x11), xb, s16, S);
+    const float zero = std::is_same<K, Q8_0>::value ? 0.f : h.zero;
+    for (int i = 0; i < G; ++i) {
+      const int64_t at = ((g + i) * nb + b) * 8;
+      acc[i][b % 8] = _mm256_add_ps(acc[i][b % 8],
+                                    legacy_terms(_mm256_cvtepi32_ps(S[i]), _mm256_mul_ps(_mm256_set1_ps(h.d), _mm256_loadu_ps(a.xi_scale + at)),
+                                                 _mm256_set1_ps(zero), _mm256_loadu_ps(a.xi_sum + at)));
+    }
   }
-  const __m256 even = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
-  const __m256 odd = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
-  return _mm256_add_ps(_mm256_add_ps(even, odd), zsum);
+  for (int i = 0; i < G; ++i)  // legacy_sum's order, lane by lane
+    y[i] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3])),
+                         _mm256_add_ps(_mm256_add_ps(acc[i][4], acc[i][5]), _mm256_add_ps(acc[i][6], acc[i][7])));
 }
 
 // Chunk C of sub-block j against G interleaved groups: the u8 x s8 pairs add up in int16 over
@@ -1067,7 +1122,7 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
   const int64_t cols = a.cols, nb = cols / QBLOCK;
   for (int r = 0; r < NR; ++r)
     for (int t = 0; t < NT; ++t) {
-      float acc = 0.f, part[4] = {0.f, 0.f, 0.f, 0.f};  // part: the K-quants', as krow sums them
+      float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};  // as lrow / krow sum them
       const int64_t row = t0 + t;
       for (int64_t s = 0; s < nsb; ++s) {
         const uint8_t* p = w[r] + s * K::BYTES;
@@ -1079,15 +1134,19 @@ inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0
           const int8_t* x = (K::SUBS == 1 ? a.xq : a.xq256) + row * cols + b * QBLOCK;
           int32_t d = 0;
           for (int l = 0; l < QBLOCK; ++l) d += K::q(p, j, l) * x[l];
-          if (K::SUBS == 1) acc += float(d) * (h.scale[0] * a.xscale[row * nb + b]);
-          else ksum += h.isc[j] * d;
+          if (K::SUBS == 1) {
+            const float zero = K::ZERO ? h.zero[0] : 0.f;
+            part[b % 8] += std::fma(zero, a.xsum[row * nb + b], float(d) * (h.scale[0] * a.xscale[row * nb + b]));
+          } else {
+            ksum += h.isc[j] * d;
+          }
           if (kmins<K>) msum += h.imin[j] * a.xbsum256[row * nb + b];
-          else if (K::ZERO) acc += h.zero[j] * a.xsum[row * nb + b];
         }
         const float xs = K::SUBS > 1 ? a.xscale256[row * nsb + s] : 0.f;
         if (K::SUBS > 1) part[s % 4] += std::fma(-float(msum), h.dmin * xs, float(ksum) * (h.d * xs));
       }
-      out[r][t] = K::SUBS > 1 ? (part[0] + part[1]) + (part[2] + part[3]) : acc;
+      out[r][t] = K::SUBS > 1 ? (part[0] + part[1]) + (part[2] + part[3])
+                              : ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
     }
 }
 #endif
@@ -1187,8 +1246,9 @@ struct BlockMatrix {
 constexpr int64_t PREFETCH_ROWS = RS_PREFETCH_ROWS;
 // Activation rows a prefill pass holds in L2 while every weight row streams past (bytes)
 constexpr int64_t CHUNK_BYTES = 128 << 10;
-// From this many activation rows, a legacy-type matrix runs on rows interleaved by eight (tile8):
-// about half the instructions of tile()'s per multiply, padding rows included (bench/gemm.py)
+// From this many activation rows, a legacy-type matrix runs on rows interleaved by eight (ltile):
+// about half the instructions of one row by four tokens (lrow) per multiply, padding rows included
+// (bench/gemm.py --interleave)
 #ifndef RS_INTERLEAVE_ROWS
 #define RS_INTERLEAVE_ROWS 5
 #endif
@@ -1214,11 +1274,13 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
     }
   float d[NR][NT];
 #if defined(__AVX2__) && defined(__FMA__)
-  if constexpr (K::SUBS == 8) {
-    for (int i = 0; i < NR; ++i) krow<K, NT>(w[i], nsb, a, t0, d[i]);
-  } else
+  for (int i = 0; i < NR; ++i) {
+    if constexpr (K::SUBS == 8) krow<K, NT>(w[i], nsb, a, t0, d[i]);
+    else lrow<K, NT>(w[i], nsb, a, t0, d[i]);
+  }
+#else
+  tile<K, NR, NT>(w, nsb, a, t0, d);
 #endif
-    tile<K, NR, NT>(w, nsb, a, t0, d);
   for (int i = 0; i < NR; ++i)
     for (int t = 0; t < NT && t0 + t < n; ++t) {
       float y = d[i][t];
@@ -1227,27 +1289,20 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
     }
 }
 
-// NT tokens against every weight row of a segment (orphaned loops, as below). A row goes alone
-// where two rows' headers, scales and sums do not fit the registers: K-quants (krow), and any
-// type at two tokens (Q8_0 1.14x at two; bench/gemm.py --one-row, against -DRS_PAIRED_ROWS; the
-// same bits). Q4_0 / Q4_1 / Q8_0 at one token keep tiles of two rows, which were faster there.
+// NT tokens against every weight row of a segment, a row a tile (orphaned loops, as below)
 template <class K, int NT>
 inline void rows_once(const BlockMatrix& m, const BlockSegment& s, int64_t row0, const Acts& a, float* out) {
-#ifndef RS_PAIRED_ROWS
-  if constexpr (K::SUBS > 1 || NT == 2) {
 #pragma omp for schedule(static) nowait
-    for (int64_t r = 0; r < s.rows; ++r)
-      run_tile<K, 1, NT>(s, r, 0, NT, row0, m.rows, a, m.bias, out, true);
-    return;
-  }
-#endif
-#pragma omp for schedule(static) nowait
-  for (int64_t p = 0; p < s.rows / 2; ++p)
-    run_tile<K, 2, NT>(s, 2 * p, 0, NT, row0, m.rows, a, m.bias, out, true);
-#pragma omp for schedule(static) nowait
-  for (int64_t r = s.rows / 2 * 2; r < s.rows; ++r)
-    run_tile<K, 1, NT>(s, r, 0, NT, row0, m.rows, a, m.bias, out, false);
+  for (int64_t r = 0; r < s.rows; ++r) run_tile<K, 1, NT>(s, r, 0, NT, row0, m.rows, a, m.bias, out, true);
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+template <class K, int G>
+inline void xtile(const uint8_t* w, int64_t blocks, const Acts& a, int64_t g, __m256* y) {
+  if constexpr (K::SUBS == 8) ktile<K, G>(w, blocks, a, g, y);
+  else ltile<K, G>(w, blocks, a, g, y);
+}
+#endif
 
 // One segment's rows of out [n, m.rows]. Called by every thread of a team (orphaned worksharing
 // loops, nowait: the caller ends the matrix with a barrier). The activations are padded to a
@@ -1260,9 +1315,10 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
   if (n == 1) return rows_once<K, 1>(m, s, row0, a, out);
   if (n == 2) return rows_once<K, 2>(m, s, row0, a, out);
 #if defined(__AVX2__) && defined(__FMA__)
-  if constexpr (K::SUBS == 8) if (n >= KINTERLEAVE_ROWS) {
-    // the same for the K-quants (interleave_k_team made the groups), two groups a weight row's pass
-    const int64_t nsb = cols / QK, groups = (n + 7) / 8;
+  if (n >= (K::SUBS == 8 ? KINTERLEAVE_ROWS : INTERLEAVE_ROWS)) {
+    // groups of eight interleaved rows (interleave_team / interleave_k_team made them) that stay in
+    // L2, each against every weight row, two groups a weight row's pass
+    const int64_t blocks = cols / (QBLOCK * K::SUBS), groups = (n + 7) / 8;
     const int64_t chunk = std::max<int64_t>(2, CHUNK_BYTES / (8 * cols) / 2 * 2);
     const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
     for (int64_t g0 = 0; g0 < groups; g0 += chunk) {
@@ -1271,8 +1327,8 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
       for (int64_t r = 0; r < s.rows; ++r)
         for (int64_t g = g0; g < g1; g += 2) {
           __m256 y[2];
-          if (g + 1 < g1) ktile<K, 2>(row(r), nsb, a, g, y);
-          else ktile<K, 1>(row(r), nsb, a, g, y);
+          if (g + 1 < g1) xtile<K, 2>(row(r), blocks, a, g, y);
+          else xtile<K, 1>(row(r), blocks, a, g, y);
           const float bias = m.bias != nullptr ? m.bias[row0 + r] : 0.f;
           for (int64_t i = 0; i < 2 && g + i < g1; ++i) {
             alignas(32) float v[8];
@@ -1284,48 +1340,15 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
     }
     return;
   }
-  if constexpr (K::SUBS == 1) if (n >= INTERLEAVE_ROWS) {
-    // groups of eight interleaved rows (interleave_team made them) that stay in L2, each against
-    // every weight row
-    const int64_t nb = cols / QBLOCK, groups = (n + 7) / 8;
-    const int64_t chunk = std::max<int64_t>(1, CHUNK_BYTES / (8 * cols));
-    const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
-    for (int64_t g0 = 0; g0 < groups; g0 += chunk) {
-      const int64_t g1 = std::min(groups, g0 + chunk);
-#pragma omp for schedule(static) nowait
-      for (int64_t r = 0; r < s.rows; ++r)
-        for (int64_t g = g0; g < g1; ++g) {
-          alignas(32) float y[8];
-          _mm256_store_ps(y, tile8<K>(row(r), nb, a, g));
-          const float bias = m.bias != nullptr ? m.bias[row0 + r] : 0.f;
-          for (int64_t t = 0; t < 8 && 8 * g + t < n; ++t)
-            out[(8 * g + t) * m.rows + row0 + r] = m.bias != nullptr ? y[t] + bias : y[t];
-        }
-    }
-    return;
-  }
 #endif
-  // chunks of activation rows that stay in L2, each against every weight row; tiles of two weight
-  // rows by four activation rows (each unpacked sub-block used four times), one row by four for
-  // the K-quants, whose two rows spill (as in rows_once; 8B-shaped Q4_K 1.13x / 1.19x at 4 / 8
-  // rows, bench/gemm.py --one-row)
+  // chunks of activation rows that stay in L2, each against every weight row, one row by four
+  // tokens a tile (each unpacked block used four times)
   const int64_t chunk = std::max<int64_t>(4, CHUNK_BYTES / cols / 4 * 4);
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t c1 = std::min(n, c0 + chunk);
-#ifndef RS_PAIRED_ROWS
-    if constexpr (K::SUBS > 1) {
 #pragma omp for schedule(static) nowait
-      for (int64_t r = 0; r < s.rows; ++r)
-        for (int64_t t0 = c0; t0 < c1; t0 += 4) run_tile<K, 1, 4>(s, r, t0, n, row0, m.rows, a, m.bias, out, n < 8);
-      continue;
-    }
-#endif
-#pragma omp for schedule(static) nowait
-    for (int64_t p = 0; p < (s.rows + 1) / 2; ++p)
-      for (int64_t t0 = c0; t0 < c1; t0 += 4) {
-        if (2 * p + 1 < s.rows) run_tile<K, 2, 4>(s, 2 * p, t0, n, row0, m.rows, a, m.bias, out, n < 8);
-        else run_tile<K, 1, 4>(s, 2 * p, t0, n, row0, m.rows, a, m.bias, out, false);
-      }
+    for (int64_t r = 0; r < s.rows; ++r)
+      for (int64_t t0 = c0; t0 < c1; t0 += 4) run_tile<K, 1, 4>(s, r, t0, n, row0, m.rows, a, m.bias, out, n < 8);
   }
 }
 

@@ -70,7 +70,8 @@ def rounding_bound(kind: str, x: torch.Tensor, t: BlockTensor) -> torch.Tensor:
 @given(kind=st.sampled_from(sorted(KINDS)), rows=st.integers(1, 40), blocks=st.integers(1, 3),
        tokens=st.sampled_from([1, 2, 3, 4, 5, 9, 70]), seed=st.integers(0, 2**16))
 def test_block_linear_equals_the_float64_matmul_up_to_activation_rounding(kind, rows, blocks, tokens, seed):
-    cols = blocks * KINDS[kind][1] * (8 if kind in LEGACY else 1)
+    # legacy rows of 9, 17, 25 blocks: lrow sums eight at a time, then a tail of one
+    cols = (8 * blocks + 1) * 32 if kind in LEGACY else blocks * KINDS[kind][1]
     t = random_tensor(kind, rows, cols, seed)
     x = torch.randn(tokens, cols, generator=torch.Generator().manual_seed(seed + 1)) * 3
     x[0, 0] = 40.0   # an outlier activation: rounding is per block, so it coarsens its own block only
@@ -105,8 +106,10 @@ def test_each_row_of_a_batch_equals_its_product_alone(kind, tokens):
     """The batched tiles (one or two weight rows by two or four tokens; from 5 rows, the legacy types'
     and Q4_K / Q5_K's tokens interleaved by eight, 70 of them in pairs of groups and one alone) sum
     each row in the same order as one token does."""
-    t = random_tensor(kind, 21, 1280, 0)   # five super-blocks: Q4_K / Q5_K sum four at a time, then one
-    x = torch.randn(tokens, 1280, generator=torch.Generator().manual_seed(1))
+    # K-quants: five super-blocks (krow sums four at a time, then one); legacy: 41 blocks (eight at a time)
+    cols = 1280 if kind not in LEGACY else 1312
+    t = random_tensor(kind, 21, cols, 0)
+    x = torch.randn(tokens, cols, generator=torch.Generator().manual_seed(1))
     batched = KERNELS.block_linear(x, block_matrix([t]))
     assert torch.equal(batched, torch.cat([KERNELS.block_linear(x[i:i + 1], block_matrix([t]))
                                            for i in range(tokens)]))
