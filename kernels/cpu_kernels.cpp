@@ -1117,37 +1117,37 @@ inline void ktile(const uint8_t* w, int64_t nsb, const Acts& a, int64_t g, __m25
     y[i] = _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3]));
 }
 #else
-template <class K, int NR, int NT>
-inline void tile(const uint8_t* const* w, int64_t nsb, const Acts& a, int64_t t0, float out[NR][NT]) {
+// the portable form of krow / lrow: weight row w against NT activation rows from t0
+template <class K, int NT>
+inline void tile(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float* out) {
   const int64_t cols = a.cols, nb = cols / QBLOCK;
-  for (int r = 0; r < NR; ++r)
-    for (int t = 0; t < NT; ++t) {
-      float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};  // as lrow / krow sum them
-      const int64_t row = t0 + t;
-      for (int64_t s = 0; s < nsb; ++s) {
-        const uint8_t* p = w[r] + s * K::BYTES;
-        Header<K::SUBS> h;
-        K::header(p, h);
-        int32_t ksum = 0, msum = 0;
-        for (int j = 0; j < K::SUBS; ++j) {
-          const int64_t b = s * K::SUBS + j;
-          const int8_t* x = (K::SUBS == 1 ? a.xq : a.xq256) + row * cols + b * QBLOCK;
-          int32_t d = 0;
-          for (int l = 0; l < QBLOCK; ++l) d += K::q(p, j, l) * x[l];
-          if (K::SUBS == 1) {
-            const float zero = K::ZERO ? h.zero[0] : 0.f;
-            part[b % 8] += std::fma(zero, a.xsum[row * nb + b], float(d) * (h.scale[0] * a.xscale[row * nb + b]));
-          } else {
-            ksum += h.isc[j] * d;
-          }
-          if (kmins<K>) msum += h.imin[j] * a.xbsum256[row * nb + b];
+  for (int t = 0; t < NT; ++t) {
+    float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};  // as lrow / krow sum them
+    const int64_t row = t0 + t;
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* p = w + s * K::BYTES;
+      Header<K::SUBS> h;
+      K::header(p, h);
+      int32_t ksum = 0, msum = 0;
+      for (int j = 0; j < K::SUBS; ++j) {
+        const int64_t b = s * K::SUBS + j;
+        const int8_t* x = (K::SUBS == 1 ? a.xq : a.xq256) + row * cols + b * QBLOCK;
+        int32_t d = 0;
+        for (int l = 0; l < QBLOCK; ++l) d += K::q(p, j, l) * x[l];
+        if (K::SUBS == 1) {
+          const float zero = K::ZERO ? h.zero[0] : 0.f;
+          part[b % 8] += std::fma(zero, a.xsum[row * nb + b], float(d) * (h.scale[0] * a.xscale[row * nb + b]));
+        } else {
+          ksum += h.isc[j] * d;
         }
-        const float xs = K::SUBS > 1 ? a.xscale256[row * nsb + s] : 0.f;
-        if (K::SUBS > 1) part[s % 4] += std::fma(-float(msum), h.dmin * xs, float(ksum) * (h.d * xs));
+        if (kmins<K>) msum += h.imin[j] * a.xbsum256[row * nb + b];
       }
-      out[r][t] = K::SUBS > 1 ? (part[0] + part[1]) + (part[2] + part[3])
-                              : ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+      const float xs = K::SUBS > 1 ? a.xscale256[row * nsb + s] : 0.f;
+      if (K::SUBS > 1) part[s % 4] += std::fma(-float(msum), h.dmin * xs, float(ksum) * (h.d * xs));
     }
+    out[t] = K::SUBS > 1 ? (part[0] + part[1]) + (part[2] + part[3])
+                         : ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  }
 }
 #endif
 
@@ -1260,40 +1260,35 @@ constexpr int64_t INTERLEAVE_ROWS = RS_INTERLEAVE_ROWS;
 #endif
 constexpr int64_t KINTERLEAVE_ROWS = RS_KINTERLEAVE_ROWS;
 
-template <class K, int NR, int NT>
+template <class K, int NT>
 inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, int64_t row0, int64_t out_rows,
                      const Acts& a, const float* bias, float* out, bool prefetch) {
   const int64_t nsb = a.cols / (QBLOCK * K::SUBS);
   const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
-  const uint8_t* w[NR];
-  for (int i = 0; i < NR; ++i) w[i] = row(r + i);
-  if (prefetch && r + PREFETCH_ROWS + NR <= s.rows)
-    for (int i = 0; i < NR; ++i) {
-      const char* ahead = reinterpret_cast<const char*>(row(r + PREFETCH_ROWS + i));
-      for (int64_t o = 0; o < s.row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
-    }
-  float d[NR][NT];
-#if defined(__AVX2__) && defined(__FMA__)
-  for (int i = 0; i < NR; ++i) {
-    if constexpr (K::SUBS == 8) krow<K, NT>(w[i], nsb, a, t0, d[i]);
-    else lrow<K, NT>(w[i], nsb, a, t0, d[i]);
+  const uint8_t* w = row(r);
+  if (prefetch && r + PREFETCH_ROWS < s.rows) {
+    const char* ahead = reinterpret_cast<const char*>(row(r + PREFETCH_ROWS));
+    for (int64_t o = 0; o < s.row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
   }
+  float d[NT];
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (K::SUBS == 8) krow<K, NT>(w, nsb, a, t0, d);
+  else lrow<K, NT>(w, nsb, a, t0, d);
 #else
-  tile<K, NR, NT>(w, nsb, a, t0, d);
+  tile<K, NT>(w, nsb, a, t0, d);
 #endif
-  for (int i = 0; i < NR; ++i)
-    for (int t = 0; t < NT && t0 + t < n; ++t) {
-      float y = d[i][t];
-      if (bias != nullptr) y += bias[row0 + r + i];  // after the sum, as a separate bias add rounds
-      out[(t0 + t) * out_rows + row0 + r + i] = y;
-    }
+  for (int t = 0; t < NT && t0 + t < n; ++t) {
+    float y = d[t];
+    if (bias != nullptr) y += bias[row0 + r];  // after the sum, as a separate bias add rounds
+    out[(t0 + t) * out_rows + row0 + r] = y;
+  }
 }
 
 // NT tokens against every weight row of a segment, a row a tile (orphaned loops, as below)
 template <class K, int NT>
 inline void rows_once(const BlockMatrix& m, const BlockSegment& s, int64_t row0, const Acts& a, float* out) {
 #pragma omp for schedule(static) nowait
-  for (int64_t r = 0; r < s.rows; ++r) run_tile<K, 1, NT>(s, r, 0, NT, row0, m.rows, a, m.bias, out, true);
+  for (int64_t r = 0; r < s.rows; ++r) run_tile<K, NT>(s, r, 0, NT, row0, m.rows, a, m.bias, out, true);
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -1348,7 +1343,7 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
     const int64_t c1 = std::min(n, c0 + chunk);
 #pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < s.rows; ++r)
-      for (int64_t t0 = c0; t0 < c1; t0 += 4) run_tile<K, 1, 4>(s, r, t0, n, row0, m.rows, a, m.bias, out, n < 8);
+      for (int64_t t0 = c0; t0 < c1; t0 += 4) run_tile<K, 4>(s, r, t0, n, row0, m.rows, a, m.bias, out, n < 8);
   }
 }
 

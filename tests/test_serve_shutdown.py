@@ -15,7 +15,7 @@ import pytest
 
 from .serve_process import Server
 
-SHUTDOWN_TIMEOUT = 6.0
+SHUTDOWN_TIMEOUT = 12.0  # room for the short stream below when other tests load both cores
 LONG = 2000  # tokens: far more than fit in the timeout on any machine this runs on
 @dataclass
 class Stream:
@@ -94,7 +94,9 @@ def drain() -> Drain:
             t.start()
         for s in long_streams:
             assert s.started.wait(60) and s.error is None
-        short = Stream(8)
+        # long enough to be running when the signal lands (8 tokens could finish first on a fast
+        # step), short enough to finish inside the timeout
+        short = Stream(16)
         threads.append(threading.Thread(target=short.run, args=(server.url,)))
         threads[-1].start()
         assert short.started.wait(60) and short.error is None
