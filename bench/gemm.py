@@ -87,7 +87,7 @@ def prefill_times(model, lengths: list[int], repeats: int) -> dict:
 
 # --interleave / --kinterleave: the library as built against the same source built with a flag that
 # brings back the form it replaced: (flag, name of each side, block types compared)
-VARIANTS = {"interleave": ("-DRS_INTERLEAVE_ROWS=1000000000", "interleaved", "tile_only", ("Q4_0", "Q4_1", "Q8_0")),
+VARIANTS = {"interleave": ("-DRS_INTERLEAVE_ROWS=1000000000", "interleaved", "lrow", ("Q4_0", "Q4_1", "Q8_0")),
             "kinterleave": ("-DRS_KINTERLEAVE_ROWS=1000000000", "kinterleaved", "krow", ("Q4_K", "Q5_K", "Q6_K"))}
 
 
@@ -134,7 +134,7 @@ def main() -> None:
     p.add_argument("--prefill", type=int, nargs="*", default=[], help="prompt lengths to time a prefill of")
     p.add_argument("--model", default=None, help="for --prefill (default: the embedded model)")
     p.add_argument("--skip-matrices", action="store_true")
-    p.add_argument("--interleave", action="store_true", help="interleaved rows against tile() alone, legacy types")
+    p.add_argument("--interleave", action="store_true", help="legacy types' tokens interleaved (ltile) against one row by four (lrow)")
     p.add_argument("--kinterleave", action="store_true", help="K-quant tokens interleaved (ktile) against one row by four")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()

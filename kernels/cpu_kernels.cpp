@@ -941,7 +941,7 @@ inline void krow(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float
         for (int t = 0; t < NT; ++t) first[t] = isum[t];
         mins_first = mins;
       } else {
-        pair_mins[k / 2] = _mm256_set_m128i(mins, mins_first);
+        if constexpr (kmins<K>) pair_mins[k / 2] = _mm256_set_m128i(mins, mins_first);
         for (int t = 0; t < NT; ++t) P[k / 2][t] = _mm256_hadd_epi32(first[t], isum[t]);
       }
     }
@@ -1349,6 +1349,15 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
 
 // Acts' interleaved groups of rows 0..n-1 (the rows past n up to a multiple of eight as zeros).
 // Called by every thread of a team; ends in a barrier.
+// a block of 32 int8 of row t of a group (src; null: a padding row, zeros) into the group's block
+// dst, chunk c (values 4c..4c+3) at bytes 32c + 4t
+inline void interleave_block(const int8_t* src, int64_t t, int8_t* dst) {
+  for (int c = 0; c < 8; ++c) {
+    if (src != nullptr) std::memcpy(dst + 32 * c + 4 * t, src + 4 * c, 4);
+    else std::memset(dst + 32 * c + 4 * t, 0, 4);
+  }
+}
+
 inline void interleave_team(const Acts& a, int64_t n) {
   const int64_t nb = a.cols / QBLOCK, groups = (n + 7) / 8;
 #pragma omp for schedule(static)
@@ -1357,13 +1366,11 @@ inline void interleave_team(const Acts& a, int64_t n) {
     int8_t* dst = a.xi + gb * 256;
     for (int64_t t = 0; t < 8; ++t) {
       const int64_t r = 8 * g + t;
+      interleave_block(r < n ? a.xq + r * a.cols + b * QBLOCK : nullptr, t, dst);
       if (r < n) {
-        const int8_t* src = a.xq + r * a.cols + b * QBLOCK;
-        for (int c = 0; c < 8; ++c) std::memcpy(dst + 32 * c + 4 * t, src + 4 * c, 4);
         a.xi_scale[gb * 8 + t] = a.xscale[r * nb + b];
         a.xi_sum[gb * 8 + t] = a.xsum[r * nb + b];
       } else {
-        for (int c = 0; c < 8; ++c) std::memset(dst + 32 * c + 4 * t, 0, 4);
         a.xi_scale[gb * 8 + t] = 0.f;
         a.xi_sum[gb * 8 + t] = 0.f;
       }
@@ -1383,14 +1390,12 @@ inline void interleave_k_team(const Acts& a, int64_t n) {
     float* scale = a.xk_scale + (g * nsb + s) * 8;
     for (int64_t t = 0; t < 8; ++t) {
       const int64_t r = 8 * g + t;
+      interleave_block(r < n ? a.xq256 + r * a.cols + b * QBLOCK : nullptr, t, dst);
       if (r < n) {
-        const int8_t* src = a.xq256 + r * a.cols + b * QBLOCK;
-        for (int c = 0; c < 8; ++c) std::memcpy(dst + 32 * c + 4 * t, src + 4 * c, 4);
         bsum[2 * t] = a.xbsum256[r * nb + b];
         std::memcpy(b16 + 2 * t, a.xb16 + 2 * (r * nb + b), 4);
         if (j == 0) scale[t] = a.xscale256[r * nsb + s];
       } else {
-        for (int c = 0; c < 8; ++c) std::memset(dst + 32 * c + 4 * t, 0, 4);
         bsum[2 * t] = 0;
         b16[2 * t] = b16[2 * t + 1] = 0;
         if (j == 0) scale[t] = 0.f;
