@@ -1,14 +1,12 @@
 """Process-wide CPU facts and settings: the instruction-set flags kernels and dtypes are chosen by,
 malloc tuning for a forward that allocates many multi-MB activations a step, and the KV pool's
-memory, zeroed by the OS and mapped ahead in the background."""
+memory, zeroed by the OS as it is first written."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
 import mmap
-import os
-import threading
 from pathlib import Path
 
 import torch
@@ -45,56 +43,14 @@ def retain_freed_memory() -> bool:
         return False
 
 
-_MADV_POPULATE_WRITE = 23   # Linux 5.14+
-_PREFAULT_CHUNK = 64 << 20
+def zeroed_pages(nbytes: int) -> torch.Tensor:
+    """A large zeroed buffer (the KV pool) that costs nothing at start-up and nothing resident
+    until used: an anonymous mapping, whose pages the OS maps, zeroed, on first write.
 
-
-class PrefaultedZeros:
-    """A large zeroed buffer (the KV pool) that costs nothing at start-up.
-
-    Zeroing the pool up front took 2.5 s of a 1B model's load here (6.8 GiB). Instead its pages
-    come from an anonymous mapping, zero until first written, and a thread at the lowest priority
-    maps them all ahead of use (MADV_POPULATE_WRITE, which never changes their contents, so it may
-    run while the engine writes), to keep first-touch page faults out of decode steps once it is
-    done. Where the kernel lacks that call, pages are simply mapped on first write."""
-
-    def __init__(self, nbytes: int):
-        self._map = mmap.mmap(-1, max(nbytes, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self.tensor = (torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes) if nbytes
-                       else torch.empty(0, dtype=torch.uint8))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._populate, name="kv-prefault", daemon=True)
-        self._thread.start()
-
-    def _populate(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)   # this thread only (Linux)
-        except (OSError, AttributeError):
-            pass
-        madvise = _libc_madvise()
-        base, size = self.tensor.data_ptr(), self.tensor.numel()
-        for off in range(0, size, _PREFAULT_CHUNK):
-            if self._stop.is_set() or madvise is None:
-                return
-            if madvise(base + off, min(_PREFAULT_CHUNK, size - off), _MADV_POPULATE_WRITE) != 0:
-                return   # an older kernel: pages fault in on first write
-
-    @property
-    def prefaulting(self) -> bool:
-        return self._thread.is_alive()
-
-    def close(self) -> None:
-        """Stop mapping ahead (waits for the chunk in flight, ~30 ms); the memory stays valid
-        while tensors view it."""
-        self._stop.set()
-        self._thread.join()
-
-
-@functools.cache
-def _libc_madvise():
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    fn = ctypes.CDLL(name, use_errno=True).madvise   # ctypes drops the GIL for the call
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return fn
+    Zeroing the pool up front took 2.5 s of a 1B model's load here (6.8 GiB). Mapping it ahead in
+    a background thread instead took ~1 ms of each 1B decode step from the kernels' two threads
+    for the ~30 s it ran (bench/real_models.py's first cells), while first writes cost little: a
+    decode step writes one KV slot per layer, a new 4 KiB page every few tokens."""
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=torch.uint8)

@@ -224,7 +224,6 @@ class Engine:
     def shutdown(self) -> None:
         self.loop.stop()
         self.structured.shutdown()
-        self.kv_cache.close()
         if self.kv.disk is not None:   # after the loop: nothing queues writes any more
             self.kv.disk.close()
 

@@ -17,13 +17,9 @@ class KVCache:
                  dtype: torch.dtype, device: torch.device):
         shape = (num_layers, num_pages + 1, page_size, num_kv_heads, head_dim)
         # Zeroed: slots past a request's length are read under a mask and must be finite. The
-        # platform decides how (on the CPU: by the OS, mapped ahead in the background)
-        self.k, self.v, self._release = get_platform(device).zeroed_pair(shape, dtype)
+        # platform decides how (on the CPU: by the OS, on first write)
+        self.k, self.v = get_platform(device).zeroed_pair(shape, dtype)
         self.pad_page = num_pages
-
-    def close(self) -> None:
-        """Stop any background work on the buffers (they stay valid)."""
-        self._release()
 
     def clear_pad_page(self) -> None:
         """Zero the padding page again after dummy tokens (warm-up, graph capture) wrote to it."""

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from radixserve.runtime.cpu_tuning import PrefaultedZeros, cpu_flags, retain_freed_memory
+from radixserve.runtime.cpu_tuning import cpu_flags, retain_freed_memory, zeroed_pages
 from radixserve.runtime.models.linear import BlockEmbedding, BlockLinear, CpuLinear, Embedding, Linear
 from radixserve.runtime.models.quant import BlockTensor
 
@@ -111,10 +111,10 @@ class Platform:
         """Compile what the first step would otherwise stall on; `forward` runs a dummy step of the
         model (every attention kernel of a mixed batch), where compiling happens at the first launch."""
 
-    def zeroed_pair(self, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, Callable[[], None]]:
-        """Two zeroed tensors (the KV pool's K and V) and what stops any background work on them."""
+    def zeroed_pair(self, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two zeroed tensors: the KV pool's K and V."""
         zeros = lambda: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
-        return zeros(), zeros(), lambda: None
+        return zeros(), zeros()
 
     def grouped_experts(self, experts: list[tuple], act):
         """A MoE layer's experts ((gate_up, down) linear layers; `act`: their ExpertAct) as one
@@ -225,13 +225,12 @@ class CpuPlatform(Platform):
     def default_attention_backend(self) -> str:
         return "cpu" if self.kernels() is not None else "torch"
 
-    def zeroed_pair(self, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, Callable[[], None]]:
-        # zeroed by the OS and mapped ahead in the background: no seconds of memset at load
-        # (bench/real_models.py's load time)
+    def zeroed_pair(self, shape: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # zeroed by the OS on first write: no seconds of memset at load (bench/real_models.py's
+        # load time), and only the pages used are resident
         numel = math.prod(shape)
-        buffer = PrefaultedZeros(2 * numel * torch.empty(0, dtype=dtype).element_size())
-        k, v = buffer.tensor.view(dtype).view(2, *shape).unbind(0)
-        return k, v, buffer.close
+        k, v = zeroed_pages(2 * numel * torch.empty(0, dtype=dtype).element_size()).view(dtype).view(2, *shape).unbind(0)
+        return k, v
 
     def grouped_experts(self, experts: list[tuple], act):
         from radixserve.runtime.models.moe import CpuExperts

@@ -4,11 +4,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap
-import time
 
 import torch
 
-from radixserve.runtime.cpu_tuning import PrefaultedZeros
+from radixserve.runtime.cpu_tuning import zeroed_pages
 from radixserve.runtime.platform import CpuPlatform, CudaPlatform, HostStaging
 
 
@@ -47,42 +46,17 @@ def _resident_pages(t: torch.Tensor) -> int:
     return sum(b & 1 for b in vec.raw)
 
 
-def _wait_mapped(buffer: PrefaultedZeros) -> None:
-    deadline = time.monotonic() + 30
-    while buffer.prefaulting and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not buffer.prefaulting
-
-
-def test_cpu_kv_pool_is_zero_and_every_page_gets_mapped_in_the_background():
-    buffer = PrefaultedZeros(48 << 20)
-    _wait_mapped(buffer)
-    assert _resident_pages(buffer.tensor) == (48 << 20) // mmap.PAGESIZE
-    assert int(buffer.tensor.count_nonzero()) == 0
-
-
-def test_cpu_kv_pool_keeps_what_is_written_while_its_pages_are_mapped():
-    buffer = PrefaultedZeros(200 << 20)
-    values = torch.arange(1, 1 + (200 << 20) // 4096, dtype=torch.int32)
-    buffer.tensor.view(torch.int32)[::1024] = values   # one word a page, racing the mapping thread
-    _wait_mapped(buffer)
-    assert torch.equal(buffer.tensor.view(torch.int32)[::1024], values)
-
-
-def test_closing_the_cpu_kv_pool_stops_its_mapping_thread():
-    buffer = PrefaultedZeros(1 << 30)
-    buffer.close()
-    assert not buffer.prefaulting
-    buffer.tensor[-1] = 5   # the memory outlives the thread
-    assert int(buffer.tensor[-1]) == 5
+def test_cpu_kv_pool_is_zero_and_maps_only_the_pages_written():
+    pool = zeroed_pages(48 << 20)
+    assert _resident_pages(pool) == 0   # nothing resident, nothing to wait for at load
+    pool[::mmap.PAGESIZE][:3] = 1
+    assert _resident_pages(pool) == 3
+    assert int(pool.count_nonzero()) == 3   # every other byte reads zero
 
 
 def test_cpu_platform_gives_the_kv_pool_zeroed_k_and_v_of_the_asked_shape():
-    k, v, release = CpuPlatform(torch.device("cpu")).zeroed_pair((2, 3, 4, 5), torch.bfloat16)
-    try:
-        assert k.shape == v.shape == (2, 3, 4, 5) and k.dtype == v.dtype == torch.bfloat16
-        assert k.is_contiguous() and v.is_contiguous() and not k.any() and not v.any()
-        k.fill_(1)
-        assert not v.any()   # K and V do not overlap
-    finally:
-        release()
+    k, v = CpuPlatform(torch.device("cpu")).zeroed_pair((2, 3, 4, 5), torch.bfloat16)
+    assert k.shape == v.shape == (2, 3, 4, 5) and k.dtype == v.dtype == torch.bfloat16
+    assert k.is_contiguous() and v.is_contiguous() and not k.any() and not v.any()
+    k.fill_(1)
+    assert not v.any()   # K and V do not overlap
