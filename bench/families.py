@@ -9,10 +9,14 @@ its decode steps timed less the first (the prompt's last token).
   serves them as bf16 safetensors; `moe-gguf` as Q8_0 GGUFs in llama.cpp's layout, whose
   experts run on the block kernels.
 
+- `windows`: a Gemma-3-shaped model (hidden 1024, 12 layers, 5 of 6 windowed to 512 tokens) at
+  ~3,000 tokens of context, its decode attention on the C++ kernels (`cpu`: the windowed layers read
+  their last 512 positions) against the torch backend, alternating.
+
 Random weights written with transformers' own classes into a temporary directory; nothing is
 downloaded. Writes bench/results/families.json (or --out). Reports figures, never asserts.
 
-    .venv/bin/python bench/families.py [--rounds 3] [--steps 48] [--parts tiny,moe,moe-gguf]
+    .venv/bin/python bench/families.py [--rounds 3] [--steps 48] [--parts tiny,moe,moe-gguf,windows]
 """
 from __future__ import annotations
 
@@ -83,13 +87,21 @@ def active_params(cfg) -> int:
     return layers * (attention + mlp) + cfg.vocab_size * h
 
 
-def tpot_ms(engine: Engine, steps: int) -> float:
-    engine.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0.0))   # warm, and cache the prompt
+def windowed_gemma3():
+    import transformers as tf
+
+    return tf.Gemma3TextConfig(vocab_size=49152, hidden_size=1024, intermediate_size=4096, num_hidden_layers=12,
+                               num_attention_heads=8, num_key_value_heads=4, head_dim=128, sliding_window=512,
+                               max_position_embeddings=8192, tie_word_embeddings=True)
+
+
+def tpot_ms(engine: Engine, steps: int, prompt: list[int] = PROMPT) -> float:
+    engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))   # warm, and cache the prompt
     start = time.perf_counter()
-    engine.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0.0))
+    engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
     first = time.perf_counter() - start
     before, start = engine.steps, time.perf_counter()
-    engine.generate([PROMPT], SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True))
+    engine.generate([prompt], SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True))
     ms = (time.perf_counter() - start - first) / (engine.steps - before - 1) * 1e3
     engine.flush_cache()
     return ms
@@ -143,6 +155,21 @@ def main() -> None:
                 engine.shutdown()
             moe, dense = (statistics.median(ms[n]) for n in engines)
             report[key]["moe_over_dense_tpot"] = round(moe / dense, 2)
+        if "windows" in parts:
+            path, _ = write_model(windowed_gemma3(), Path(tmp) / "gemma3_windowed", tokenizer)
+            files = load_model_files(str(path))
+            engines = {b: Engine(EngineConfig(kv_cache_tokens=8192, attention_backend=b), model_files=files)
+                       for b in ("cpu", "torch")}
+            long_prompt = [200 + (i * 7919) % 40000 for i in range(3000)]
+            ms = {b: [] for b in engines}
+            for r in range(args.rounds):
+                for b in (list(engines) if r % 2 == 0 else list(reversed(engines))):
+                    ms[b].append(tpot_ms(engines[b], args.steps, long_prompt))
+                    print("windows", b, r, round(ms[b][-1], 2), flush=True)
+            report["windows"] = {b: {"tpot_ms": spread(ms[b])} for b in engines}
+            report["windows"]["cpu_over_torch_tpot"] = round(statistics.median(ms["cpu"]) / statistics.median(ms["torch"]), 2)
+            for engine in engines.values():
+                engine.shutdown()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))

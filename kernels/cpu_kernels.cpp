@@ -372,9 +372,11 @@ struct PagedDecode {
 
 // Called by every thread of a team (the loops are orphaned worksharing constructs): q [rows,
 // heads, d] with rows q_stride apart -> out [rows, heads, d], against layer `layer`'s caches.
+// sinks (or null): [heads] logits that join each head's softmax and weigh no value (gpt-oss), at
+// the merge, where every item's maximum and sum meet
 template <class T>
 void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int64_t q_stride, int64_t rows,
-                           T* out) {
+                           const float* sinks, T* out) {
   const int64_t heads = p.heads, d = p.d, group = heads / p.kv_heads, width = p.kv_heads * d, pw = d + 2;
   const T* k_cache = static_cast<const T*>(p.k_cache) + layer * p.layer_stride;
   const T* v_cache = static_cast<const T*>(p.v_cache) + layer * p.layer_stride;
@@ -436,11 +438,12 @@ void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int6
 #pragma omp for
   for (int64_t bh = 0; bh < rows * heads; ++bh) {
     const int64_t b = bh / heads, h = bh % heads;
-    float top = -INFINITY;
+    const float sink = sinks != nullptr ? sinks[h] * LOG2_E : -INFINITY;  // base 2, as the scores
+    float top = sink;
     for (int32_t j = p.slot_start[b]; j < p.slot_start[b + 1]; ++j)
       top = std::max(top, p.partials[(p.slots[j] * heads + h) * pw + d]);
     float acc[512] = {0.f};
-    float sum = 0.f;
+    float sum = sinks != nullptr ? exp2_fast(sink - top) : 0.f;
     for (int32_t j = p.slot_start[b]; j < p.slot_start[b + 1]; ++j) {
       const float* part = p.partials + (int64_t(p.slots[j]) * heads + h) * pw;
       const float w = exp2_fast(part[d] - top);
@@ -1598,7 +1601,7 @@ void decoder_layer(const LayerWeights& w, const DecodeStep& s, int64_t layer, bo
       std::memcpy(k_cache + s.out_slots[r] * kv_width, row + q_width, kv_width * sizeof(float));
       std::memcpy(v_cache + s.out_slots[r] * kv_width, row + q_width + kv_width, kv_width * sizeof(float));
     }
-    decode_attention_team<float>(p, layer, qkv, qkv_width, n, att);
+    decode_attention_team<float>(p, layer, qkv, qkv_width, n, nullptr, att);
 #pragma omp for
     for (int64_t r = 0; r < n; ++r) quantize(att, r, q_width);
     matmul_team(w.o, n, a.view(q_width), o);
@@ -1868,8 +1871,8 @@ RS_BOTH(RS_WRITE_KV)
 
 #define RS_DECODE_ATTENTION(NAME, T)                                                                          \
   RS_EXPORT void rs_decode_attention_##NAME(const PagedDecode* p, int64_t layer, const void* q, int64_t q_stride, \
-                                            int64_t rows, void* out) {                                          \
-    _Pragma("omp parallel") decode_attention_team<T>(*p, layer, static_cast<const T*>(q), q_stride, rows,       \
+                                            int64_t rows, const float* sinks, void* out) {                      \
+    _Pragma("omp parallel") decode_attention_team<T>(*p, layer, static_cast<const T*>(q), q_stride, rows, sinks, \
                                                      static_cast<T*>(out));                                     \
   }
 RS_BOTH(RS_DECODE_ATTENTION)

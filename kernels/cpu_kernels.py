@@ -105,10 +105,12 @@ class DecodePlan:
 
     @classmethod
     def of(cls, page_rows: Sequence[int], context_lens: Sequence[int], groups: Sequence[tuple[Sequence[int], int]],
-           heads: int, dim: int) -> "DecodePlan":
-        """Query row i attends to the first context_lens[i] tokens of page-table row page_rows[i];
+           heads: int, dim: int, window: Optional[int] = None) -> "DecodePlan":
+        """Query row i attends to the first context_lens[i] tokens of page-table row page_rows[i]
+        (with `window`: to the last `window` of them, a sliding-window layer's; no groups then);
         `groups`: (rows, shared tokens) of rows whose contexts start on the same pages, which are
         then read once for all of them (the rows of a group read them through its first row's)."""
+        assert window is None or not groups, "a group's shared pages may lie outside a member's window"
         items: list[tuple[int, int, int, int, int]] = []
         members: list[int] = []
         slots_of: list[list[int]] = [[] for _ in page_rows]
@@ -116,7 +118,7 @@ class DecodePlan:
         # short contexts in items small enough that every thread gets one (one 130-token
         # context would otherwise be a single item, and one thread's work)
         threads = torch.get_num_threads()
-        tokens = -(-sum(context_lens) // threads)
+        tokens = -(-sum(context_lens if window is None else (min(n, window) for n in context_lens)) // threads)
         item_tokens = min(ITEM_TOKENS, max(MIN_ITEM_TOKENS, -(-tokens // 8) * 8))
 
         def add(page_row: int, start: int, end: int, rows: Sequence[int]) -> None:
@@ -127,7 +129,7 @@ class DecodePlan:
                     slots_of[r].append(len(members))
                     members.append(r)
 
-        own_start = [0] * len(page_rows)
+        own_start = [0 if window is None else max(0, n - window) for n in context_lens]
         for rows, shared in groups:
             add(page_rows[rows[0]], 0, shared, rows)
             for r in rows:
@@ -280,7 +282,7 @@ class CpuKernels:
             "rope": [ptr, i64, i64, i64, i64, ptr, ptr, ptr],
             "silu_mul": [ptr, i64, i64, ptr],
             "write_kv": [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, i64],
-            "decode_attention": [ctypes.POINTER(PagedDecode), i64, ptr, i64, i64, ptr],
+            "decode_attention": [ctypes.POINTER(PagedDecode), i64, ptr, i64, i64, ptr, ptr],
         }
         for name, args in signatures.items():
             for suffix in SUFFIX.values():
@@ -345,13 +347,17 @@ class CpuKernels:
         self.fn("write_kv", k.dtype)(k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), k.data_ptr(),
                                      k.stride(0), v.data_ptr(), v.stride(0), t, kv_heads * dim)
 
-    def decode_attention(self, q: torch.Tensor, paged: PagedDecode, layer: int) -> torch.Tensor:
+    def decode_attention(self, q: torch.Tensor, paged: PagedDecode, layer: int,
+                         sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One query per row of q [B, heads, dim] (a row's heads contiguous) against layer `layer`'s
-        KV pages, as `paged` lays them out; -> [B, heads, dim]."""
+        KV pages, as `paged` lays them out; `sinks`: [heads] float32 logits that join each head's
+        softmax and weigh nothing (gpt-oss) -> [B, heads, dim]."""
         b, heads, dim = q.shape
         assert q.stride()[1:] == (dim, 1) and q.dtype == paged.dtype and (heads, dim) == (paged.heads, paged.d)
+        assert sinks is None or (sinks.dtype == torch.float32 and sinks.is_contiguous() and sinks.shape == (heads,))
         out = torch.empty(b, heads, dim, dtype=q.dtype)
-        self.fn("decode_attention", q.dtype)(ctypes.byref(paged), layer, q.data_ptr(), q.stride(0), b, out.data_ptr())
+        self.fn("decode_attention", q.dtype)(ctypes.byref(paged), layer, q.data_ptr(), q.stride(0), b, _ptr(sinks),
+                                             out.data_ptr())
         return out
 
     def block_linear(self, x: torch.Tensor, m: BlockMatrix) -> torch.Tensor:

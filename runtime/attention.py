@@ -48,14 +48,7 @@ class AttentionBackend(Protocol):
 def resolve_attention_backend(name: str, platform: Platform, window: Optional[int] = None,
                               sinks: bool = False) -> str:
     """`auto`: the platform decides (Triton on CUDA when installed, the C++ kernels on the CPU
-    where they build, torch elsewhere). The C++ kernels take neither sliding windows nor attention
-    sinks: a model with either (Gemma 3, gpt-oss) runs on torch there, on Triton on CUDA."""
-    if window is not None or sinks:
-        if name == "cpu":
-            raise ValueError("attention backend cpu cannot run this model's sliding windows or attention sinks: "
-                             "use torch (or triton on CUDA)")
-        if name == "auto":
-            return "triton" if platform.default_attention_backend() == "triton" else "torch"
+    where they build, torch elsewhere). Every backend takes sliding windows and attention sinks."""
     if name == "auto":
         return platform.default_attention_backend()
     if name not in ATTENTION_BACKENDS:
@@ -71,7 +64,7 @@ def make_attention_backend(name: str, kv_cache: KVCache, page_table: torch.Tenso
     if resolved == "cpu":
         kernels = platform.kernels()
         if kernels is not None and kv_cache.k.dtype in KERNEL_DTYPES:
-            return cpu_attention_backend(kv_cache, page_table, num_heads, kernels)
+            return cpu_attention_backend(kv_cache, page_table, num_heads, kernels, window, sinks)
         if name != "auto":
             raise ValueError("attention backend cpu needs the CPU kernels (a C++ compiler) and a float32 or "
                              "bfloat16 KV cache on the CPU")

@@ -5,10 +5,13 @@ torch path gathers them into copies first, ~60% of a long-context decode step).
 A decode's context is split into items (`DecodePlan`) so that one long request occupies every
 thread; decodes whose contexts start on the same cached pages (one system prompt) have those
 pages scored once for all of them. A pure-decode step's plan is also what the whole-layer kernel
-reads (`paged_decode`, runtime/models/fused_decode.py).
+reads (`paged_decode`, runtime/models/fused_decode.py). A model with sliding-window layers gets a
+second plan for them, each decode's last `window` positions; attention sinks join each head's
+softmax where the kernel merges a row's items.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -19,38 +22,51 @@ from radixserve.runtime.forward_batch import DecodeSeq
 from radixserve.runtime.kv_cache import KVCache
 
 
+@dataclass
+class KernelDecodeMetadata:
+    paged: PagedDecode                      # every decode's whole context
+    windowed: Optional[PagedDecode] = None  # the sliding-window layers': its last `window` positions
+
+
 class KernelDecodes:
-    def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, kernels: CpuKernels):
-        self.kv, self.table, self.heads, self.kernels = kv_cache, page_table, num_heads, kernels
+    def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, kernels: CpuKernels,
+                 window: Optional[int] = None):
+        self.kv, self.table, self.heads, self.kernels, self.window = kv_cache, page_table, num_heads, kernels, window
         self.page_size, self.head_dim = kv_cache.k.shape[2], kv_cache.k.shape[-1]
         self.scale = self.head_dim ** -0.5
 
-    def prepare(self, decodes: list[DecodeSeq]) -> Optional[PagedDecode]:
+    def prepare(self, decodes: list[DecodeSeq]) -> Optional[KernelDecodeMetadata]:
         if not decodes:
             return None
         p = self.page_size
         # unlike the torch path's, sharing here costs no extra ops: every shared page counts
         groups = [(members, n * p) for members, n in shared_prefix_groups(decodes, p, min_group_saving=1,
                                                                              min_saving=1)]
-        plan = DecodePlan.of([d.page_row for d in decodes], [d.context_len for d in decodes], groups,
-                             self.heads, self.head_dim)
-        return PagedDecode.of(self.kv.k, self.kv.v, self.table, plan, self.scale)
+        rows, lens = [d.page_row for d in decodes], [d.context_len for d in decodes]
+        plan = lambda g, w: PagedDecode.of(self.kv.k, self.kv.v, self.table,  # noqa: E731
+                                           DecodePlan.of(rows, lens, g, self.heads, self.head_dim, w), self.scale)
+        return KernelDecodeMetadata(plan(groups, None), None if self.window is None else plan([], self.window))
 
     def forward(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: PagedDecode, window: Optional[int] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
-        assert window is None and sinks is None, "the C++ decode kernels take neither (runtime/attention.py)"
+                meta: KernelDecodeMetadata, window: Optional[int] = None,
+                sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+        assert window in (None, self.window), "one sliding window size per model"
         if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
             q = q.contiguous()
-        return self.kernels.decode_attention(q, meta, layer)
+        return self.kernels.decode_attention(q, meta.paged if window is None else meta.windowed, layer, sinks)
 
 
 def paged_decode(meta: HostAttentionMetadata) -> Optional[PagedDecode]:
-    """A step's decode plan as the whole-layer kernel reads it; None for a step with extends."""
-    return meta.decodes if meta.num_decode and not (meta.sdpa_extends or meta.scored_extends) else None
+    """A step's decode plan as the whole-layer kernel reads it; None for a step with extends (the
+    kernel takes no sliding-window layer: runtime/models/llama.py's `fusable`)."""
+    return meta.decodes.paged if meta.num_decode and not (meta.sdpa_extends or meta.scored_extends) else None
 
 
-def cpu_attention_backend(kv_cache: KVCache, page_table: torch.Tensor, num_heads: int,
-                          kernels: CpuKernels) -> HostAttentionBackend:
+def cpu_attention_backend(kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, kernels: CpuKernels,
+                          window: Optional[int] = None, sinks: bool = False) -> HostAttentionBackend:
+    """`window`: the sliding window of the model's windowed layers, if any; `sinks`: its layers have
+    attention sinks. Either turns off the torch extends' shared prefixes, whose call takes neither."""
     return HostAttentionBackend(kv_cache, page_table, num_heads,
-                                KernelDecodes(kv_cache, page_table, num_heads, kernels),
-                                write=kernels.write_kv, paged_decode=paged_decode)
+                                KernelDecodes(kv_cache, page_table, num_heads, kernels, window),
+                                write=kernels.write_kv, paged_decode=paged_decode, window=window,
+                                share=window is None and not sinks)

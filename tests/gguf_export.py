@@ -1,5 +1,6 @@
-"""Write a GGUF of an HF Llama, Qwen3, Qwen3-MoE, Gemma 3 or Phi-3 / 4 in llama.cpp's layout, with the default model's
-tokenizer: float32, or with every matrix but the embeddings and the router in a block type."""
+"""Write a GGUF of an HF Llama, Qwen3, Qwen3-MoE, Gemma 3, Phi-3 / 4 or gpt-oss in llama.cpp's layout, with the
+default model's tokenizer: float32, or with every matrix but the embeddings and the router in a block type
+(gpt-oss: its experts in MXFP4, as llama.cpp's converter writes them)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,14 +22,25 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
 
     cfg = hf_model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    moe = cfg.model_type == "qwen3_moe"
-    arch = {"qwen3_moe": "qwen3moe", "qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3"}.get(cfg.model_type, "llama")
-    gemma = arch == "gemma3"
+    arch = {"qwen3_moe": "qwen3moe", "qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3",
+            "gpt_oss": "gpt-oss"}.get(cfg.model_type, "llama")
+    moe, gemma, oss = arch == "qwen3moe", arch == "gemma3", arch == "gpt-oss"
     w = gguf.GGUFWriter(str(path), arch)
     if moe:
         w.add_expert_count(cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if oss:   # even layers windowed (llama.cpp fixes that, and the SwiGLU limit); YaRN as keys
+        assert cfg.layer_types == ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                   for i in range(cfg.num_hidden_layers)] and cfg.swiglu_limit == 7.0
+        w.add_expert_count(cfg.num_local_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.intermediate_size)
+        w.add_sliding_window(cfg.sliding_window)
+        yarn = cfg.rope_parameters
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(yarn["factor"])
+        w.add_rope_scaling_orig_ctx_len(yarn["original_max_position_embeddings"])
     if arch != "llama":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -72,6 +84,8 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
     if gemma:
         names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                       "post_feedforward_layernorm": "post_ffw_norm"})
+    if oss:
+        names.update({"post_attention_layernorm": "post_attention_norm", "mlp.router": "ffn_gate_inp"})
     qtype = getattr(gguf.GGMLQuantizationType, quant) if quant else None
 
     def add(out: str, a: np.ndarray) -> None:
@@ -89,6 +103,19 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
             add(f"blk.{layer}.ffn_gate_exps.weight", gate)
             add(f"blk.{layer}.ffn_up_exps.weight", up)
             add(f"blk.{layer}.ffn_down_exps.weight", state.pop(p + "down_proj").float().numpy())
+    if oss:   # [experts, hidden, 2 * inter], gate and up interleaved -> stacked [experts, rows, cols] each
+        mxfp4 = gguf.GGMLQuantizationType.MXFP4
+        for layer in range(cfg.num_hidden_layers):
+            p = f"model.layers.{layer}.mlp.experts."
+            gate_up = state.pop(p + "gate_up_proj").float().transpose(1, 2).numpy()
+            gate_up_b = state.pop(p + "gate_up_proj_bias").float().numpy()
+            down = state.pop(p + "down_proj").float().transpose(1, 2).numpy()
+            for kind, rows, bias in (("gate", gate_up[:, 0::2], gate_up_b[:, 0::2]),
+                                     ("up", gate_up[:, 1::2], gate_up_b[:, 1::2]), ("down", down, None)):
+                w.add_tensor(f"blk.{layer}.ffn_{kind}_exps.weight", quantize(np.ascontiguousarray(rows), mxfp4),
+                             raw_dtype=mxfp4)
+                w.add_tensor(f"blk.{layer}.ffn_{kind}_exps.bias",
+                             np.ascontiguousarray(state.pop(p + "down_proj_bias").float().numpy() if bias is None else bias))
     for name, t in state.items():
         a = t.detach().float().numpy()
         if name == "model.embed_tokens.weight":
@@ -100,6 +127,8 @@ def write_llama_gguf(hf_model, path: Path, default_files, quant: str | None = No
             if cfg.tie_word_embeddings:
                 continue
             out = "output.weight"
+        elif name.endswith("self_attn.sinks"):
+            out = f"blk.{name.split('.')[2]}.attn_sinks.weight"
         else:
             _, _, layer, *rest = name.split(".")
             module, kind = ".".join(rest[:-1]), rest[-1]

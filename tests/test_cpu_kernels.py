@@ -23,26 +23,31 @@ KV_HEADS, HEADS, DIM = 2, 6, 16
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2}
 
 
-def naive_decode(q, k_cache, v_cache, table, page_rows, lens, scale):
-    """softmax(q k^T * scale) v over each row's context, in float64, K/V gathered token by token."""
+def naive_decode(q, k_cache, v_cache, table, page_rows, lens, scale, window=None, sinks=None):
+    """softmax(q k^T * scale) v over each row's context (its last `window` positions), in float64,
+    K/V gathered token by token; `sinks`: each head's extra logit, in the softmax, weighing nothing."""
     page_size, heads, group = k_cache.shape[1], q.shape[1], q.shape[1] // k_cache.shape[2]
     out = []
     for b, (row, n) in enumerate(zip(page_rows, lens)):
-        slots = [(int(table[row, t // page_size]), t % page_size) for t in range(n)]
+        first = 0 if window is None else max(0, n - window)
+        slots = [(int(table[row, t // page_size]), t % page_size) for t in range(first, n)]
         k = torch.stack([k_cache[p, o] for p, o in slots]).double()   # [n, kv_heads, dim]
         v = torch.stack([v_cache[p, o] for p, o in slots]).double()
         per_head = []
         for h in range(heads):
-            w = torch.softmax(k[:, h // group] @ q[b, h].double() * scale, dim=0)
+            scores = k[:, h // group] @ q[b, h].double() * scale
+            if sinks is not None:
+                scores = torch.cat([scores, sinks[h:h + 1].double()])
+            w = torch.softmax(scores, dim=0)[:len(slots)]
             per_head.append(w @ v[:, h // group])
         out.append(torch.stack(per_head))
     return torch.stack(out)
 
 
-def attend(q, k_cache, v_cache, table, plan, scale):
+def attend(q, k_cache, v_cache, table, plan, scale, sinks=None):
     """The kernel on one layer's caches [pages, page_size, kv_heads, dim]."""
     paged = PagedDecode.of(k_cache.unsqueeze(0), v_cache.unsqueeze(0), table, plan, scale)
-    return KERNELS.decode_attention(q, paged, 0)
+    return KERNELS.decode_attention(q, paged, 0, sinks)
 
 
 def cache_and_table(page_size: int, pages: int, dtype, seed: int = 0, kv_heads: int = KV_HEADS, dim: int = DIM):
@@ -58,11 +63,11 @@ SHAPES = [(HEADS, KV_HEADS, DIM), (4, 4, 8), (8, 2, 72), (14, 2, 128), (6, 2, 12
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data(), page_size=st.sampled_from([1, 4, 16]), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-       shape=st.sampled_from(SHAPES))
-def test_decode_attention_from_pages_equals_naive_attention(data, page_size, dtype, shape):
+       shape=st.sampled_from(SHAPES), with_sinks=st.booleans())
+def test_decode_attention_from_pages_equals_naive_attention(data, page_size, dtype, shape, with_sinks):
     """Any mix of rows, some sharing prefix pages (read through the first member's row), long
-    contexts split into several items, any GQA group and head dim: every row gets softmax
-    attention over its own context."""
+    contexts split into several items, any GQA group and head dim, with or without attention
+    sinks: every row gets softmax attention over its own context."""
     heads, kv_heads, dim = shape
     rows = data.draw(st.integers(1, 6))
     lens = data.draw(st.lists(st.integers(1, 700), min_size=rows, max_size=rows))
@@ -82,10 +87,28 @@ def test_decode_attention_from_pages_equals_naive_attention(data, page_size, dty
             groups.append((members, shared_pages * page_size))
     k_cache, v_cache = cache_and_table(page_size, int(pool.max()) + 1, dtype, kv_heads=kv_heads, dim=dim)
     q = torch.randn(rows, heads, dim, generator=torch.Generator().manual_seed(3)).to(dtype)
+    sinks = torch.randn(heads, generator=torch.Generator().manual_seed(4)) * 3 if with_sinks else None
     plan = DecodePlan.of(list(range(rows)), lens, groups, heads, dim)
-    got = attend(q, k_cache, v_cache, table, plan, dim ** -0.5)
-    want = naive_decode(q, k_cache, v_cache, table, range(rows), lens, dim ** -0.5)
+    got = attend(q, k_cache, v_cache, table, plan, dim ** -0.5, sinks)
+    want = naive_decode(q, k_cache, v_cache, table, range(rows), lens, dim ** -0.5, sinks=sinks)
     torch.testing.assert_close(got.double(), want, atol=TOLERANCE[dtype], rtol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lens=st.lists(st.integers(1, 400), min_size=1, max_size=5), window=st.integers(1, 300),
+       page_size=st.sampled_from([1, 4, 16]), with_sinks=st.booleans())
+def test_a_sliding_window_plan_attends_each_rows_last_window_positions(lens, window, page_size, with_sinks):
+    rows = len(lens)
+    max_pages = max(-(-n // page_size) for n in lens)
+    table = torch.randperm(rows * max_pages, generator=torch.Generator().manual_seed(rows)).view(rows, max_pages)
+    k_cache, v_cache = cache_and_table(page_size, rows * max_pages, torch.float32)
+    q = torch.randn(rows, HEADS, DIM, generator=torch.Generator().manual_seed(3))
+    sinks = torch.randn(HEADS, generator=torch.Generator().manual_seed(4)) * 3 if with_sinks else None
+    plan = DecodePlan.of(list(range(rows)), lens, [], HEADS, DIM, window)
+    assert plan.items[:, 2].sub(plan.items[:, 1]).sum() == sum(min(n, window) for n in lens)   # no position outside
+    got = attend(q, k_cache, v_cache, table, plan, DIM ** -0.5, sinks)
+    want = naive_decode(q, k_cache, v_cache, table, range(rows), lens, DIM ** -0.5, window, sinks)
+    torch.testing.assert_close(got.double(), want, atol=TOLERANCE[torch.float32], rtol=0)
 
 
 def test_a_long_context_is_split_into_items_every_thread_can_take():

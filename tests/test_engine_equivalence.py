@@ -118,9 +118,9 @@ def test_cpu_decoding_against_a_shared_cached_prefix_equals_one_by_one(make_engi
     plans = []   # the groups of each step's decode plan
     plan_of = attention_cpu.DecodePlan.of
 
-    def recording_plan(page_rows, lens, groups, heads, dim):
+    def recording_plan(page_rows, lens, groups, heads, dim, window=None):
         plans.append([tuple(rows) for rows, _ in groups])
-        return plan_of(page_rows, lens, groups, heads, dim)
+        return plan_of(page_rows, lens, groups, heads, dim, window)
 
     monkeypatch.setattr(attention_cpu.DecodePlan, "of", staticmethod(recording_plan))
     engine = make_engine(page_size=4, attention_backend="cpu")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.runtime.attention_torch import torch_attention_backend
+from radixserve.runtime.attention import make_attention_backend
 from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
 from radixserve.runtime.kv_cache import KVCache
 from radixserve.runtime.models.llama import LlamaForCausalLM
@@ -21,10 +21,11 @@ PROMPT = [5, 17, 923, 4000, 12, 88, 3021, 7, 7, 101, 4522, 39]
 DECODE_STEPS = 6
 
 
-def our_logits(model_path, ids: list[int], page_size: int, dequantize: bool = False
+def our_logits(model_path, ids: list[int], page_size: int, dequantize: bool = False, attention: str = "torch"
                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Prefill logits for every prompt position, then one logits row per decoded (given) token (a
-    GGUF's block matrices on the block kernels, or with `dequantize` as float32 weights)."""
+    GGUF's block matrices on the block kernels, or with `dequantize` as float32 weights), on the
+    `attention` backend."""
     files = load_model_files(str(model_path))
     cfg = files.config
     cpu = get_platform(torch.device("cpu"))
@@ -34,7 +35,7 @@ def our_logits(model_path, ids: list[int], page_size: int, dequantize: bool = Fa
     # pages in reverse order so that positions do not map to slots trivially
     pages = list(range(num_pages - 1, -1, -1))
     table = torch.tensor([pages])
-    attn = torch_attention_backend(kv, table, cfg.num_heads, cfg.sliding_window, cfg.attention_sinks)
+    attn = make_attention_backend(attention, kv, table, cfg.num_heads, cpu, cfg.sliding_window, cfg.attention_sinks)
 
     def run(layout: BatchLayout) -> torch.Tensor:
         return model.forward(ForwardBatch.of(layout, attn.prepare(layout), cpu), attn)
@@ -77,12 +78,24 @@ def test_prefill_and_decode_logits_match_transformers(arch, page_size, tmp_path,
         torch.testing.assert_close(row, ref[n + i], atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "gpt_oss"])
+def test_sliding_windows_and_sinks_on_the_cpu_kernels_match_transformers(arch, tmp_path, default_tokenizer):
+    """Decode steps past the window of 4, the C++ kernels' windowed plan and sinks."""
+    hf = build_tiny_model(arch, tmp_path / arch, default_tokenizer)
+    ids = hf_greedy(hf, DECODE_STEPS)
+    ref = hf_logits(hf, ids)
+    _, steps = our_logits(tmp_path / arch, ids, 4, attention="cpu")
+    for i, row in enumerate(steps):
+        torch.testing.assert_close(row, ref[len(PROMPT) + i], atol=ATOL, rtol=0)
+
+
 # llama.cpp's layouts, as its converter writes them: llama (q/k rows permuted for its RoPE);
 # qwen3moe (every layer's experts stacked in one tensor, the router beside); gemma3 (norms stored as
 # 1 + weight, four norms a layer under their own names, the window pattern and soft-capping in the
 # metadata); phi3 (fused q/k/v and gate/up, LongRoPE's factors as tensors, partial rotary as the
-# rope's dimension count)
-@pytest.mark.parametrize("arch", ["llama_tied", "qwen3_moe_gguf", "gemma3_gguf", "phi4_mini"])
+# rope's dimension count); gpt-oss (experts in MXFP4 with their biases, gate and up apart, sinks,
+# YaRN as keys, the window pattern fixed)
+@pytest.mark.parametrize("arch", ["llama_tied", "qwen3_moe_gguf", "gemma3_gguf", "phi4_mini", "gpt_oss_gguf"])
 def test_gguf_export_of_a_tiny_model_matches_transformers(arch, tmp_path, default_model_files):
     from .gguf_export import write_llama_gguf
 

@@ -40,14 +40,11 @@ def test_auto_backend_is_the_cpu_kernels_on_cpu_and_triton_on_cuda():
     assert resolve_attention_backend("torch", cuda) == "torch"
 
 
-def test_sliding_windows_and_sinks_run_on_triton_on_cuda_and_torch_on_cpu():
-    """The Triton kernels take both; the C++ CPU kernels take neither, and refuse by name."""
+def test_sliding_windows_and_sinks_run_on_each_platforms_own_kernels():
     cpu, cuda = get_platform(torch.device("cpu")), get_platform(torch.device("cuda"))
     assert resolve_attention_backend("auto", cuda, window=512) == "triton"
     assert resolve_attention_backend("auto", cuda, sinks=True) == "triton"
-    assert resolve_attention_backend("auto", cpu, window=512, sinks=True) == "torch"
-    with pytest.raises(ValueError, match="cpu cannot run"):
-        resolve_attention_backend("cpu", cpu, window=512)
+    assert resolve_attention_backend("auto", cpu, window=512, sinks=True) == "cpu"
 
 
 def test_triton_backend_refuses_cpu_tensors_outside_the_interpreter(monkeypatch):

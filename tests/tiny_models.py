@@ -55,6 +55,9 @@ def tiny_config(arch: str):
         return tf.Gemma3TextConfig(**{**common, "tie_word_embeddings": True}, head_dim=16, sliding_window=4,
                                    layer_types=["sliding_attention", "full_attention"], rope_parameters=rope,
                                    query_pre_attn_scalar=24, final_logit_softcapping=30.0, pad_token_id=0)
+    if arch == "gpt_oss_gguf":
+        # what llama.cpp's gpt-oss fixes: even layers windowed, the SwiGLU limit at 7
+        return tiny_config("gpt_oss").__class__(**{**tiny_config("gpt_oss").to_dict(), "swiglu_limit": 7.0})
     if arch == "gpt_oss":
         # sinks, a window of 4 on alternate layers, YaRN, and an expert limit low enough to clamp
         rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
@@ -75,7 +78,21 @@ def build_tiny_model(arch: str, directory: Path, tokenizer, seed: int = 0):
     with torch.no_grad():  # larger than default init, so the logits differ enough to catch mistakes
         for p in model.parameters():
             p.normal_(0.0, 0.08) if p.dim() > 1 else p.uniform_(0.5, 1.5)
+        if arch == "gpt_oss_gguf":   # experts as a GGUF holds them: values MXFP4 represents exactly
+            for name, p in model.named_parameters():
+                if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                    p.copy_(mxfp4_round_trip(p.transpose(1, 2)).transpose(1, 2))
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save(directory)
     return model
+
+
+def mxfp4_round_trip(t: torch.Tensor) -> torch.Tensor:
+    """t's rows (blocks of 32 along the last dim) quantised to MXFP4 and back, by the gguf package."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    kind = GGMLQuantizationType.MXFP4
+    a = t.detach().float().reshape(-1, t.shape[-1]).numpy()
+    return torch.from_numpy(dequantize(quantize(a, kind), kind)).reshape(t.shape)

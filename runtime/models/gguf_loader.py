@@ -23,7 +23,7 @@ _LAYER_NAMES = {
 # llama.cpp architectures whose tensors map onto the names above -> our model_type (a llama file
 # with experts is a Mixtral)
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                      "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text", "phi3": "phi3"}
+                      "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text", "phi3": "phi3", "gpt-oss": "gpt_oss"}
 # Gemma's four norms a layer: its ffn_norm is the MLP's input norm, the attention and MLP outputs
 # have their own (llama.cpp's converter has already added Gemma's 1 to every norm weight)
 _GEMMA_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
@@ -36,15 +36,18 @@ _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"
 
 # Phi-3 keeps q/k/v and gate/up fused
 _PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+# gpt-oss: the MLP's input norm is its post_attention_norm; the router (and sinks) under its names
+_GPT_OSS_NAMES = {"post_attention_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.router"}
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     parts = gguf_name.split(".")
-    names = {**_LAYER_NAMES, **{"gemma3": _GEMMA_NAMES, "phi3": _PHI3_NAMES}.get(arch, {})}
+    names = {**_LAYER_NAMES, _ROUTER: "mlp.gate",
+             **{"gemma3": _GEMMA_NAMES, "phi3": _PHI3_NAMES, "gpt-oss": _GPT_OSS_NAMES}.get(arch, {})}
+    if gguf_name.endswith("attn_sinks.weight") and len(parts) == 4:   # a vector named without .weight
+        return f"model.layers.{parts[1]}.self_attn.sinks"
     if parts[0] == "blk" and len(parts) == 4 and parts[2] in names:
         return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] == _ROUTER:
-        return f"model.layers.{parts[1]}.mlp.gate.{parts[3]}"
     if len(parts) == 2 and parts[0] in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[parts[0]]}.{parts[1]}"
     return None
@@ -82,6 +85,12 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
     kind = a("rope.scaling.type")
     if kind == "linear":
         scaling = {"rope_type": "linear", "factor": a("rope.scaling.factor")}
+    elif kind == "yarn":
+        # gpt-oss's own YaRN keeps the ramp's ends unrounded (transformers' `truncate`)
+        scaling = {"rope_type": "yarn", "factor": a("rope.scaling.factor"),
+                   "original_max_position_embeddings": a("rope.scaling.original_context_length"),
+                   "beta_fast": a("rope.scaling.yarn_beta_fast", 32.0), "beta_slow": a("rope.scaling.yarn_beta_slow", 1.0),
+                   "truncate": arch != "gpt-oss"}
     elif kind not in (None, "none"):
         raise UnsupportedModelError(f"unsupported rope scaling {kind!r} in GGUF")
     family = ARCHITECTURES[model_type]
@@ -97,7 +106,7 @@ def config_from_fields(f: dict[str, Any], has_output: bool, vocab_size: int) -> 
         num_experts=experts, experts_per_token=a("expert_used_count", 0) if experts else 0,
         moe_intermediate_size=a("expert_feed_forward_length") or a("feed_forward_length"), norm_topk_prob=True,
         rotary_dim=a("rope.dimension_count"),
-        **(_gemma3(a) if arch == "gemma3" else {}))
+        **(_gemma3(a) if arch == "gemma3" else _gpt_oss(a) if arch == "gpt-oss" else {}))
 
 
 def _gemma3(a) -> dict[str, Any]:
@@ -112,6 +121,14 @@ def _gemma3(a) -> dict[str, Any]:
     return dict(hidden_act="gelu_tanh", layer_windows=tuple(0 if g else window for g in globals_),
                 local_rope_theta=float(a("rope.freq_base_swa", 10000.0)), sandwich_norms=True, embed_scale=a("embedding_length") ** 0.5,
                 query_pre_attn_scalar=float(head_dim), final_logit_softcap=a("final_logit_softcapping"))
+
+
+def _gpt_oss(a) -> dict[str, Any]:
+    """What llama.cpp's gpt-oss fixes rather than reads: even layers windowed, the experts'
+    SwiGLU clamped at 7 with alpha 1.702."""
+    window = a("attention.sliding_window")
+    return dict(layer_windows=tuple(window if i % 2 == 0 else 0 for i in range(a("block_count"))),
+                attention_sinks=True, swiglu_limit=7.0, swiglu_alpha=1.702)
 
 
 def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
@@ -150,7 +167,7 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
                 elif gname.endswith("attn_k.weight") or gname.endswith("attn_k.bias"):
                     heads = config.num_kv_heads
             shape = [int(d) for d in reversed(t.shape)]
-            if is_block_kind(t.tensor_type.name) and len(shape) == 2 and not hname.endswith("mlp.gate.weight"):
+            if is_block_kind(t.tensor_type.name) and len(shape) == 2 and not hname.endswith(("mlp.gate.weight", "mlp.router.weight")):
                 w = BlockTensor(t.tensor_type.name, t.data, shape[1])
                 weights[hname] = w.reordered(unpermute_rope(np.arange(w.rows), heads)) if heads else w
                 continue
@@ -164,19 +181,22 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
 
 
 def _experts(gname: str, t: GGUFTensor, num_experts: int) -> dict[str, torch.Tensor | BlockTensor]:
-    """One stacked expert tensor (blk.N.ffn_*_exps, [experts, rows, cols]) as each expert's own
-    matrix under Hugging Face's names: views of the file's rows, never copies of a block type."""
+    """One stacked expert tensor (blk.N.ffn_*_exps, [experts, rows, cols], or gpt-oss's biases
+    [experts, rows]) as each expert's own under Hugging Face's names: views of the file's rows,
+    never copies of a block type. gpt-oss's MXFP4 matrices are dequantised (no block kernel takes
+    them yet)."""
     _, layer, kind, suffix = gname.split(".")
-    experts, rows, cols = (int(d) for d in reversed(t.shape))
+    experts, rows, *cols = (int(d) for d in reversed(t.shape))
     if experts != num_experts:
         raise ValueError(f"{gname} holds {experts} experts, the metadata says {num_experts}")
     out: dict[str, torch.Tensor | BlockTensor] = {}
+    n = rows if cols else 1   # a row of the file's data per matrix row, one per bias
     for e in range(experts):
         name = f"model.layers.{layer}.mlp.experts.{e}.{_EXPERTS[kind]}.{suffix}"
-        part = t.data[e * rows:(e + 1) * rows]
-        if is_block_kind(t.tensor_type.name):
-            out[name] = BlockTensor(t.tensor_type.name, part, cols)
+        part = t.data[e * n:(e + 1) * n]
+        if cols and is_block_kind(t.tensor_type.name):
+            out[name] = BlockTensor(t.tensor_type.name, part, cols[0])
         else:
-            a = dense(GGUFTensor(gname, (cols, rows), t.tensor_type, part)).reshape(rows, cols)
+            a = dense(GGUFTensor(gname, tuple(reversed([rows, *cols])), t.tensor_type, part)).reshape(rows, *cols)
             out[name] = torch.from_numpy(a if a.flags.writeable else a.copy())
     return out

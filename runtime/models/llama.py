@@ -127,12 +127,19 @@ def _sparse_moe(cfg: ModelConfig, w: dict, p: str, linear, platform: Platform, d
 
 
 def _gpt_oss_moe(cfg: ModelConfig, w: dict, m: str, platform: Platform, dtype: torch.dtype) -> SparseMoE:
-    # [experts, hidden, 2 * inter] with gate and up interleaved: each expert's [gate | up] rows
-    gate_up, gate_up_b = w[m + "experts.gate_up_proj"], w[m + "experts.gate_up_proj_bias"]
-    down, down_b = w[m + "experts.down_proj"], w[m + "experts.down_proj_bias"]
-    halves = lambda t: torch.cat([t[..., 0::2], t[..., 1::2]], dim=-1)  # noqa: E731
-    experts = [(platform.linear([halves(gate_up[e]).t().contiguous()], halves(gate_up_b[e]), dtype),
-                platform.linear([down[e].t().contiguous()], down_b[e], dtype)) for e in range(cfg.num_experts)]
+    if m + "experts.gate_up_proj" in w:
+        # [experts, hidden, 2 * inter] with gate and up interleaved: each expert's [gate | up] rows
+        gate_up, gate_up_b = w[m + "experts.gate_up_proj"], w[m + "experts.gate_up_proj_bias"]
+        down, down_b = w[m + "experts.down_proj"], w[m + "experts.down_proj_bias"]
+        halves = lambda t: torch.cat([t[..., 0::2], t[..., 1::2]], dim=-1)  # noqa: E731
+        experts = [(platform.linear([halves(gate_up[e]).t().contiguous()], halves(gate_up_b[e]), dtype),
+                    platform.linear([down[e].t().contiguous()], down_b[e], dtype)) for e in range(cfg.num_experts)]
+    else:   # a GGUF's: each expert's gate, up and down matrices with their biases
+        x = lambda e, n: f"{m}experts.{e}.{n}_proj."  # noqa: E731
+        experts = [(platform.linear([w[x(e, "gate") + "weight"], w[x(e, "up") + "weight"]],
+                                    torch.cat([w[x(e, "gate") + "bias"], w[x(e, "up") + "bias"]]), dtype),
+                    platform.linear([w[x(e, "down") + "weight"]], w[x(e, "down") + "bias"], dtype))
+                   for e in range(cfg.num_experts)]
     router = w[m + "router.weight"].to(platform.device, torch.float32)
     bias = w[m + "router.bias"].to(platform.device, torch.float32)
     act = clamped_swiglu(cfg.swiglu_limit, cfg.swiglu_alpha)
