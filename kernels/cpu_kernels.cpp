@@ -458,8 +458,9 @@ void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int6
 
 
 // ---- linear layers on block-quantized weights, as a GGUF file stores them -------------------------
-// The file's own bytes (memory-mapped, never copied: runtime/models/quant.py) in six block types:
-// Q4_0, Q4_1, Q8_0 (blocks of 32 with an f16 scale) and the K-quants Q4_K, Q5_K, Q6_K (super-blocks
+// The file's own bytes (memory-mapped, never copied: runtime/models/quant.py) in seven block types:
+// Q4_0, Q4_1, Q8_0 (blocks of 32 with an f16 scale), MXFP4 (32 with an e8m0 exponent) and the
+// K-quants Q4_K, Q5_K, Q6_K (super-blocks
 // of 256: eight sub-blocks of 32 with 6- or 8-bit scales under an f16 one). Every type is read a
 // sub-block of 32 at a time as 32 small integers q, one float scale and one float zero:
 //   w = scale * q + zero   (Q6_K: q already carries its two 8-bit sub-scales, see there)
@@ -593,6 +594,40 @@ struct Q8_0 {
     for (int l = 0; l < 32; ++l) y[l] = d * float(q(p, 0, l));
   }
 };
+// MXFP4 (gpt-oss's experts): an e8m0 exponent byte, then Q4_0's nibble layout of 4-bit e2m1 codes.
+// Its codes are doubled to the integers kMxfp4 (e2m1 halves: 0 .. 6 in steps of 0.5 are 0 .. 12)
+// and the exponent halved: w = 2^(e - 128) * kMxfp4[code], exactly, every e (e < 2: subnormal)
+constexpr int8_t kMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+struct E8M0Table {
+  uint32_t bits[256];
+};
+constexpr E8M0Table make_e8m0() {
+  E8M0Table t{};
+  for (uint32_t e = 0; e < 256; ++e) t.bits[e] = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+  return t;
+}
+alignas(64) constexpr E8M0Table kE8M0 = make_e8m0();  // float bits of 2^(e - 128)
+inline float e8m0_half(uint8_t e) {
+  float f;
+  std::memcpy(&f, &kE8M0.bits[e], 4);
+  return f;
+}
+struct MXFP4 {
+  static constexpr int SUBS = 1, BYTES = 17;
+  static constexpr bool ZERO = false;
+  static void header(const uint8_t* p, Header<1>& h) {
+    h.scale[0] = e8m0_half(p[0]);
+    h.zero[0] = 0.f;
+  }
+  static int32_t q(const uint8_t* p, int, int l) { return kMxfp4[l < 16 ? p[1 + l] & 0x0F : p[1 + l - 16] >> 4]; }
+  static void dequantize(const uint8_t* p, float* y) {
+    const float d = e8m0_half(p[0]);
+    for (int l = 0; l < 32; ++l) y[l] = d * float(q(p, 0, l));
+  }
+};
+// legacy types whose integer weights are signed (the u8 x s8 dot takes their sign over to x)
+template <class K>
+constexpr bool signed_weights = std::is_same<K, Q8_0>::value || std::is_same<K, MXFP4>::value;
 // Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit q; the 32 bytes of
 // sub-blocks 2i and 2i + 1 hold the first in their low nibbles, the second in their high ones.
 // w = d * sc_j * q - dmin * m_j
@@ -755,6 +790,7 @@ inline void vheader(const Q4_1&, const uint8_t* p, VHeader& h) {
   h.zero = half_f16c(p + 2);
 }
 inline void vheader(const Q8_0&, const uint8_t* p, VHeader& h) { h.d = half_f16c(p); }
+inline void vheader(const MXFP4&, const uint8_t* p, VHeader& h) { h.d = e8m0_half(p[0]); }
 inline void vheader(const Q4_K&, const uint8_t* p, VHeader& h) { k4_header(p, h); }
 inline void vheader(const Q5_K&, const uint8_t* p, VHeader& h) { k4_header(p, h); }
 inline void vheader(const Q6_K&, const uint8_t* p, VHeader& h) {
@@ -768,6 +804,10 @@ inline void vheader(const Q6_K&, const uint8_t* p, VHeader& h) {
 inline __m256i weights(const Q4_0&, const uint8_t* p, int) { return nibbles32(p + 2); }
 inline __m256i weights(const Q4_1&, const uint8_t* p, int) { return nibbles32(p + 4); }
 inline __m256i weights(const Q8_0&, const uint8_t* p, int) { return load32(p + 2); }
+inline __m256i weights(const MXFP4&, const uint8_t* p, int) {  // codes to their integers
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4)));
+  return _mm256_shuffle_epi8(table, nibbles32(p + 1));
+}
 inline __m256i weights(const Q4_K&, const uint8_t* p, int j) { return k_nibbles(p + 16, j); }
 inline __m256i weights(const Q5_K&, const uint8_t* p, int j) {
   const __m256i bit = _mm256_set1_epi8(char(1 << j));
@@ -790,6 +830,7 @@ inline __m256i dot(const Q8_0&, __m256i w, __m256i x, const VHeader&, __m256i) {
   // signed weights: |w| times x carrying w's sign
   return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
+inline __m256i dot(const MXFP4&, __m256i w, __m256i x, const VHeader& h, __m256i z) { return dot(Q8_0{}, w, x, h, z); }
 // the K-quants': x32 = 32 . x per pair (Q6_K's offset, the same for every weight row)
 inline __m256i kdot(const Q4_K&, __m256i w, __m256i x, __m256i, __m256i sc) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc);
@@ -849,7 +890,7 @@ inline void lrow(const uint8_t* w, int64_t nb, const Acts& a, int64_t t0, float*
     __m256i pending[NT], pair[NT][4], quad[NT][2];
     // each block's f16 d (and Q4_1's m) put in lanes in registers: a vector load of eight small
     // stores would wait for them (store-to-load forwarding fails across stores)
-    __m128i dh = _mm_setzero_si128(), mh = _mm_setzero_si128();
+    __m128i dh = _mm_setzero_si128(), mh = _mm_setzero_si128();  // MXFP4: dh holds exponent bytes
 #pragma GCC unroll 8
     for (int k = 0; k < 8; ++k) {
       __m256i v[NT];
@@ -857,7 +898,7 @@ inline void lrow(const uint8_t* w, int64_t nb, const Acts& a, int64_t t0, float*
         const uint8_t* p = w + (b0 + k) * K::BYTES;
         uint16_t half;
         std::memcpy(&half, p, 2);
-        dh = _mm_insert_epi16(dh, half, k);
+        dh = std::is_same<K, MXFP4>::value ? _mm_insert_epi8(dh, p[0], k) : _mm_insert_epi16(dh, half, k);
         if constexpr (std::is_same<K, Q4_1>::value) {
           std::memcpy(&half, p + 2, 2);
           mh = _mm_insert_epi16(mh, half, k);
@@ -876,7 +917,9 @@ inline void lrow(const uint8_t* w, int64_t nb, const Acts& a, int64_t t0, float*
         if (k == 3 || k == 7) quad[t][k / 4] = _mm256_hadd_epi32(pair[t][k / 4 * 2], pair[t][k / 4 * 2 + 1]);
       }
     }
-    const __m256 d8 = _mm256_cvtph_ps(dh);
+    const __m256 d8 = std::is_same<K, MXFP4>::value
+                          ? _mm256_i32gather_ps(reinterpret_cast<const float*>(kE8M0.bits), _mm256_cvtepu8_epi32(dh), 4)
+                          : _mm256_cvtph_ps(dh);
     const __m256 zero8 = std::is_same<K, Q4_0>::value   ? _mm256_mul_ps(_mm256_set1_ps(-8.0f), d8)
                          : std::is_same<K, Q4_1>::value ? _mm256_cvtph_ps(mh)
                                                         : _mm256_setzero_ps();
@@ -997,7 +1040,7 @@ inline void lchunks(__m256i lo, __m256i hi, const int8_t* const* xb, __m256i* s1
     const __m256i wc = chunk_of<C>(lo, hi), ones = _mm256_set1_epi16(1);
     for (int i = 0; i < G; ++i) {
       const __m256i x = load32(reinterpret_cast<const uint8_t*>(xb[i] + 32 * C));
-      if constexpr (std::is_same<K, Q8_0>::value) {
+      if constexpr (signed_weights<K>) {
         const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wc, wc), _mm256_sign_epi8(x, wc));
         S[i] = C == 0 ? _mm256_madd_epi16(prod, ones) : _mm256_add_epi32(S[i], _mm256_madd_epi16(prod, ones));
       } else {
@@ -1027,7 +1070,7 @@ inline void ltile(const uint8_t* w, int64_t nb, const Acts& a, int64_t g, __m256
     for (int i = 0; i < G; ++i) xb[i] = a.xi + ((g + i) * nb + b) * 256;
     __m256i s16[G], S[G];
     lchunks<K, G, 0>(_mm256_permute2x128_si256(wv, wv, 0x00), _mm256_permute2x128_si256(wv, wv, 0x11), xb, s16, S);
-    const float zero = std::is_same<K, Q8_0>::value ? 0.f : h.zero;
+    const float zero = K::ZERO ? h.zero : 0.f;
     for (int i = 0; i < G; ++i) {
       const int64_t at = ((g + i) * nb + b) * 8;
       acc[i][b % 8] = _mm256_add_ps(acc[i][b % 8],
@@ -1212,7 +1255,10 @@ inline void block_isums(const int8_t* qb, int16_t* halves) {
 }
 
 // Block types, as runtime/models/quant.py numbers them
-enum BlockKind : int64_t { KIND_Q4_0 = 0, KIND_Q4_1 = 1, KIND_Q8_0 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4, KIND_Q6_K = 5 };
+enum BlockKind : int64_t {
+  KIND_Q4_0 = 0, KIND_Q4_1 = 1, KIND_Q8_0 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4, KIND_Q6_K = 5, KIND_MXFP4 = 6
+};
+inline bool legacy_kind(int64_t kind) { return kind <= KIND_Q8_0 || kind == KIND_MXFP4; }
 
 template <class F>
 inline void with_kind(int64_t kind, F f) {
@@ -1222,6 +1268,7 @@ inline void with_kind(int64_t kind, F f) {
     case KIND_Q8_0: f(Q8_0{}); break;
     case KIND_Q4_K: f(Q4_K{}); break;
     case KIND_Q5_K: f(Q5_K{}); break;
+    case KIND_MXFP4: f(MXFP4{}); break;
     default: f(Q6_K{}); break;
   }
 }
@@ -1412,8 +1459,8 @@ inline void interleave_k_team(const Acts& a, int64_t n) {
 inline void matmul_team(const BlockMatrix& m, int64_t n, const Acts& a, float* out) {
 #if defined(__AVX2__) && defined(__FMA__)
   const auto any = [&](auto kinds) { return std::any_of(m.segment, m.segment + m.n_segments, kinds); };
-  if (n >= INTERLEAVE_ROWS && any([](const BlockSegment& s) { return s.kind <= KIND_Q8_0; })) interleave_team(a, n);
-  if (n >= KINTERLEAVE_ROWS && any([](const BlockSegment& s) { return s.kind >= KIND_Q4_K; }))
+  if (n >= INTERLEAVE_ROWS && any([](const BlockSegment& s) { return legacy_kind(s.kind); })) interleave_team(a, n);
+  if (n >= KINTERLEAVE_ROWS && any([](const BlockSegment& s) { return !legacy_kind(s.kind); }))
     interleave_k_team(a, n);
 #endif
   int64_t row0 = 0;

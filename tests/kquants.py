@@ -12,7 +12,8 @@ from radixserve.runtime.models.quant import KINDS, BlockTensor
 # where each type keeps its f16 scales, and its quantized values (bytes of a block)
 SCALE_BYTES = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 VALUE_BYTES = {"Q4_0": (2, 18), "Q4_1": (4, 20), "Q8_0": (2, 34), "Q4_K": (16, 144), "Q5_K": (16, 176),
-               "Q6_K": (0, 192)}
+               "Q6_K": (0, 192), "MXFP4": (1, 17)}
+LEGACY = ("Q4_0", "Q4_1", "Q8_0", "MXFP4")   # blocks of 32 (the K-quants': super-blocks of 256)
 
 
 def _f16(a: np.ndarray) -> np.ndarray:
@@ -45,7 +46,7 @@ def _scaled(levels: int, sub: np.ndarray):
 def quantize_blocks(kind: str, x: np.ndarray) -> np.ndarray:
     """Rows x [rows, cols] (float32) -> uint8 [rows, row bytes] of `kind`."""
     rows, cols = x.shape
-    if kind in ("Q4_0", "Q4_1", "Q8_0"):
+    if kind in LEGACY:
         return gguf_quantize(x.astype(np.float32), GGMLQuantizationType[kind])
     n = rows * cols // 256
     if kind in ("Q4_K", "Q5_K"):
@@ -76,11 +77,14 @@ def quantized(kind: str, x: np.ndarray) -> BlockTensor:
 
 
 def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator, scale: float = 0.01) -> np.ndarray:
-    """Random bytes in `kind`'s layout, every f16 scale finite: |N(scale, scale / 2)|."""
+    """Random bytes in `kind`'s layout, every f16 scale finite: |N(scale, scale / 2)| (MXFP4's
+    exponent byte: a power of two within 4 of scale / 4, its weights' halving included)."""
     _, per, nbytes = KINDS[kind]
     data = rng.integers(0, 256, (rows, cols // per * nbytes), dtype=np.uint8)
     blocks = data.reshape(rows, -1, nbytes)
-    for at in SCALE_BYTES[kind]:
+    if kind == "MXFP4":
+        blocks[..., 0] = 128 + np.rint(np.log2(scale / 4)) + rng.integers(-4, 5, blocks.shape[:2])
+    for at in SCALE_BYTES.get(kind, []):
         blocks[..., at:at + 2] = _f16(np.abs(rng.normal(scale, scale / 2, blocks.shape[:2])))
     return data
 

@@ -16,11 +16,10 @@ from radixserve.kernels import cpu_kernels
 from radixserve.kernels.cpu_kernels import CpuKernels, block_matrix, load
 from radixserve.runtime.models.quant import KINDS, BlockTensor
 
-from .kquants import SCALE_BYTES, random_blocks, zeros_of
+from .kquants import LEGACY, SCALE_BYTES, random_blocks, zeros_of
 
 KERNELS = load()
 assert KERNELS is not None, "the CPU kernels did not build"
-LEGACY = ("Q4_0", "Q4_1", "Q8_0")
 
 
 def random_tensor(kind: str, rows: int, cols: int, seed: int) -> BlockTensor:
@@ -35,8 +34,10 @@ def test_dequantised_rows_equal_the_gguf_reference_bit_for_bit(kind):
     data = random_blocks(kind, 12, 2 * per, rng)
     blocks = data.reshape(12, 2, nbytes)
     for row, value in enumerate([65504.0, -65504.0, 2.0 ** -24, 0.0, -0.5, 1e-3]):
-        for at in SCALE_BYTES[kind]:
+        for at in SCALE_BYTES.get(kind, []):
             blocks[row, 0, at:at + 2] = np.array([value], np.float16).view(np.uint8)
+    if kind == "MXFP4":   # its exponent byte: the largest (weights overflow to inf), the subnormal two
+        blocks[:6, 0, 0] = [255, 254, 1, 0, 127, 2]
     blocks[6] = 0
     t = BlockTensor(kind, data, 2 * per)
     got = KERNELS.dequantize_rows(t, torch.arange(12)).numpy()
@@ -115,7 +116,7 @@ def test_each_row_of_a_batch_equals_its_product_alone(kind, tokens):
                                            for i in range(tokens)]))
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4"])
 def test_interleaved_rows_read_the_rows_a_row_map_names(kind):
     t = random_tensor(kind, 8, 256, 0)
     order = np.array([5, 5, 0, 7])

@@ -103,18 +103,22 @@ def test_gguf_export_of_a_tiny_model_matches_transformers(arch, tmp_path, defaul
     path = write_llama_gguf(hf, tmp_path / f"tiny-{arch}.gguf", default_model_files)
     ids = hf_greedy(hf, DECODE_STEPS)
     ref = hf_logits(hf, ids)
-    prefill, steps = our_logits(path, ids, page_size=1)
+    # gpt-oss's experts are MXFP4 blocks, on the block kernels' int8 activations when not
+    # dequantised (that form: the next test)
+    prefill, steps = our_logits(path, ids, page_size=1, dequantize=arch == "gpt_oss_gguf")
     torch.testing.assert_close(prefill, ref[: len(PROMPT)], atol=ATOL, rtol=0)
     torch.testing.assert_close(torch.stack(steps), ref[len(PROMPT):], atol=ATOL, rtol=0)
 
 
-def test_a_q8_0_qwen3_moe_gguf_runs_its_experts_on_the_block_kernels(tmp_path, default_model_files):
-    """Each expert a view of the file's blocks, computed by the block kernels close to the
-    dequantised weights (int8 activations are the only difference; the router stays float)."""
+@pytest.mark.parametrize("arch, quant", [("qwen3_moe_gguf", "Q8_0"), ("gpt_oss_gguf", None)])
+def test_a_block_quantized_moe_gguf_runs_its_experts_on_the_block_kernels(arch, quant, tmp_path, default_model_files):
+    """Each expert a view of the file's blocks (Q8_0; gpt-oss's MXFP4), computed by the block
+    kernels close to the dequantised weights (int8 activations are the only difference; the
+    router stays float)."""
     from .gguf_export import write_llama_gguf
 
-    hf = build_tiny_model("qwen3_moe_gguf", tmp_path / "hf", default_model_files.tokenizer, seed=5)
-    path = write_llama_gguf(hf, tmp_path / "tiny-moe-q8.gguf", default_model_files, quant="Q8_0")
+    hf = build_tiny_model(arch, tmp_path / "hf", default_model_files.tokenizer, seed=5)
+    path = write_llama_gguf(hf, tmp_path / "tiny-moe.gguf", default_model_files, quant=quant)
     files = load_model_files(str(path))
     cpu = get_platform(torch.device("cpu"))
     blocks = LlamaForCausalLM(files.config, files.weights, torch.float32, cpu).layers[0].moe

@@ -183,8 +183,7 @@ def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
 def _experts(gname: str, t: GGUFTensor, num_experts: int) -> dict[str, torch.Tensor | BlockTensor]:
     """One stacked expert tensor (blk.N.ffn_*_exps, [experts, rows, cols], or gpt-oss's biases
     [experts, rows]) as each expert's own under Hugging Face's names: views of the file's rows,
-    never copies of a block type. gpt-oss's MXFP4 matrices are dequantised (no block kernel takes
-    them yet)."""
+    never copies of a block type (gpt-oss's MXFP4 included)."""
     _, layer, kind, suffix = gname.split(".")
     experts, rows, *cols = (int(d) for d in reversed(t.shape))
     if experts != num_experts:

@@ -88,18 +88,34 @@ def _load_hf_dir(path: Path, name: str, with_weights: bool = True) -> ModelFiles
             weights.update(load_file(str(f)))
         except Exception as e:  # safetensors raises its own error types
             raise ModelLoadError(f"cannot read {f.name}: {e}") from None
-    return ModelFiles(name, config, _dequantized_mxfp4(weights), Tokenizer.from_hf_dir(path))
+    return ModelFiles(name, config, _mxfp4_experts(weights), Tokenizer.from_hf_dir(path))
 
 
-def _dequantized_mxfp4(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """gpt-oss's MXFP4 expert tensors (`<name>_blocks` [experts, out, G, 16] + `<name>_scales`)
-    dequantised per block into the dense layout its checkpoints otherwise hold: [experts, in, out]."""
-    from radixserve.runtime.models.quant import mxfp4_dequantize
+def _mxfp4_experts(weights: dict[str, torch.Tensor]) -> dict:
+    """gpt-oss's MXFP4 expert tensors (`<experts>.gate_up_proj_blocks` / `down_proj_blocks`
+    [experts, out, G, 16] + `_scales` [experts, out, G]) as each expert's gate, up and down
+    BlockTensors, repacked once into GGUF's MXFP4 blocks (the block kernels' layout: the exponent
+    byte first, element i in byte i's low nibble and i + 16 in its high one, where the checkpoint
+    pairs neighbours), with their biases, under the names a GGUF's experts get."""
+    import numpy as np
+
+    from radixserve.runtime.models.quant import BlockTensor
 
     for name in [k for k in weights if k.endswith("_blocks")]:
         base = name[: -len("_blocks")]
         if base + "_scales" not in weights:
             raise ModelLoadError(f"{name} has no {base}_scales beside it")
-        dense = mxfp4_dequantize(weights.pop(name), weights.pop(base + "_scales"))
-        weights[base] = dense.transpose(1, 2).contiguous()
+        prefix, kind = base.rsplit(".", 1)   # model.layers.N.mlp.experts, gate_up_proj | down_proj
+        blocks, scales = weights.pop(name).numpy(), weights.pop(base + "_scales").numpy()
+        codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+        packed = np.concatenate([scales[..., None], codes[..., :16] | (codes[..., 16:] << 4)], axis=-1)
+        experts, rows, groups, _ = packed.shape
+        bias = weights.pop(base + "_bias").float()
+        parts = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)} if kind == "gate_up_proj" \
+            else {"down_proj": slice(None)}
+        for e in range(experts):
+            for part, rows_of in parts.items():
+                data = np.ascontiguousarray(packed[e, rows_of].reshape(-1, groups * 17), dtype=np.uint8)
+                weights[f"{prefix}.{e}.{part}.weight"] = BlockTensor("MXFP4", data, groups * 32)
+                weights[f"{prefix}.{e}.{part}.bias"] = bias[e, rows_of].contiguous()
     return weights

@@ -15,7 +15,7 @@ import numpy as np
 # The block types the kernels read, numbered as kernels/cpu_kernels.cpp's BlockKind:
 # name -> (number, weights a block, bytes a block)
 KINDS = {"Q4_0": (0, 32, 18), "Q4_1": (1, 32, 20), "Q8_0": (2, 32, 34),
-         "Q4_K": (3, 256, 144), "Q5_K": (4, 256, 176), "Q6_K": (5, 256, 210)}
+         "Q4_K": (3, 256, 144), "Q5_K": (4, 256, 176), "Q6_K": (5, 256, 210), "MXFP4": (6, 32, 17)}
 
 
 @dataclass(frozen=True)
@@ -71,18 +71,3 @@ class BlockTensor:
 
 def is_block_kind(name: str) -> bool:
     return name in KINDS
-
-
-# OCP MXFP4 (gpt-oss's expert weights): e2m1 values, two a byte (low nibble first), in blocks of 32
-# sharing one e8m0 exponent (bias 127)
-FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-def mxfp4_dequantize(blocks, scales):
-    """blocks uint8 [..., G, 16] and scales uint8 [..., G] -> float32 [..., G * 32], exactly."""
-    import torch
-
-    lut = torch.tensor(FP4_E2M1, dtype=torch.float32)
-    blocks = blocks.to(torch.uint8)
-    values = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], dim=-1).flatten(-2)
-    return torch.ldexp(values, (scales.to(torch.int32) - 127).unsqueeze(-1)).flatten(-2)
