@@ -3,8 +3,9 @@
 weight panels dequantised to bf16 and multiplied by oneDNN's bf16 GEMM (runtime/models/linear.py).
 Rows alternate between the two; each figure is the median of --repeats timings.
 
-Matrices: the default model's MLP (Q4_1, 1536 x 576 and 576 x 1536), and 1B-shaped ones of
-each block type made here (random weights, quantized with the gguf package's reference).
+Matrices: the default model's MLP (Q4_1, 1536 x 576 and 576 x 1536), 1B-shaped ones of each
+block type and a gpt-oss-20b expert's gate and up in MXFP4 and Q4_0, made here (random weights,
+quantized with the gguf package's reference).
 
 With --interleave, the legacy types' two multi-row forms instead, side by side: the library as
 built (activation rows interleaved by eight from 5 rows, ltile in kernels/cpu_kernels.cpp) and the
@@ -145,7 +146,10 @@ def main() -> None:
                 "smollm2 down (Q4_1 576x1536)": files.weights["model.layers.0.mlp.down_proj.weight"],
                 "1B up (Q4_K 8192x2048)": made_matrix("Q4_K", 8192, 2048),
                 "1B down (Q6_K 2048x8192)": made_matrix("Q6_K", 2048, 8192),
-                "1B qkv (Q8_0 3072x2048)": made_matrix("Q8_0", 3072, 2048)}
+                "1B qkv (Q8_0 3072x2048)": made_matrix("Q8_0", 3072, 2048),
+                # a gpt-oss-20b expert's gate and up, in its own MXFP4 and in Q4_0 of about its size
+                "gpt-oss expert (MXFP4 5760x2880)": made_matrix("MXFP4", 5760, 2880),
+                "gpt-oss expert (Q4_0 5760x2880)": made_matrix("Q4_0", 5760, 2880)}
     report = {"command": "bench/gemm.py " + " ".join(sys.argv[1:]), "machine": machine(),
               "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "matrices": {}}
     if args.interleave:

@@ -468,8 +468,9 @@ void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int6
 // products round them: half a step of 1/127 of the block's largest), so that a sub-block's dot is
 // exact in int32: u8 x s8 multiply-adds, 32 weights an instruction pair (maddubs + madd; one
 // dpbusd where VNNI is present). y = sum_b scale_b * xscale_b * dot(q_b, xq_b) + zero_b * sum(x_b):
-// the legacy types' zero term takes the block's float sum of x as it is. Q4_K / Q5_K, as llama.cpp
-// does, take their mins against the int8 sums of x: a K-quant super-block is two integers, S (its
+// the legacy types' zero term takes the rounded block's sum (xscale * its int8 sum, llama.cpp's
+// q8_1), so every weight meets the same rounded activations. Q4_K / Q5_K, as llama.cpp does, take
+// their mins against the int8 sums of x: a K-quant super-block is two integers, S (its
 // dot) and M (mins times block sums; none for Q6_K), and a token's float sum is the same
 // operations on them in every tile (krow, ktile), so that a row's result does not depend on the
 // batch it is in. A super-block's header is decoded once for all the activation rows a tile holds.
@@ -477,11 +478,12 @@ constexpr int64_t QBLOCK = 32;
 constexpr int64_t QK = 256;   // a K-quant super-block
 
 // Activation rows [n, cols] as the block kernels read them (QuantizedRows holds them): int8 per
-// block of 32 with its float scale (x = xq * xscale) and float sum, for the legacy types; and,
+// block of 32 with its float scale (x = xq * xscale) and sum (xscale * its int8 sum), for the
+// legacy types; and,
 // where cols is a multiple of 256, int8 per super-block of 256 with one scale, for the K-quants,
 // whose eight sub-block dots then add up in int32 before one float multiply-add (llama.cpp's
 // Q8_K), with the integer sums of those int8 blocks (and of their halves, for Q6_K) for the
-// K-quants' zeros and offsets. The float block sums serve the legacy types' zeros.
+// K-quants' zeros and offsets. The scaled block sums serve the legacy types' zeros.
 // Where several rows multiply a legacy-type matrix, the rows are also interleaved in groups of eight
 // (matmul_team builds them): group g, block b is 256 bytes, chunk c (values 4c..4c+3) holding row
 // 8g + t's four at bytes 4t..4t+3; then the group's block scales and sums as eight floats, row t in
@@ -596,8 +598,12 @@ struct Q8_0 {
 };
 // MXFP4 (gpt-oss's experts): an e8m0 exponent byte, then Q4_0's nibble layout of 4-bit e2m1 codes.
 // Its codes are doubled to the integers kMxfp4 (e2m1 halves: 0 .. 6 in steps of 0.5 are 0 .. 12)
-// and the exponent halved: w = 2^(e - 128) * kMxfp4[code], exactly, every e (e < 2: subnormal)
+// and the exponent halved: w = 2^(e - 128) * kMxfp4[code], exactly, every e (e < 2: subnormal).
+// The kernels read it as Q4_0 reads its nibbles: q = kMxfp4[code] + 12 in 0 .. 24, unsigned, with
+// the zero -12 * d (u8 x s8 products then need no sign trick, and add up in int16 four chunks at
+// a time: 2 * 4 * 24 * 127 < 2^15)
 constexpr int8_t kMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+alignas(16) constexpr uint8_t kMxfp4Offset[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 struct E8M0Table {
   uint32_t bits[256];
 };
@@ -614,20 +620,18 @@ inline float e8m0_half(uint8_t e) {
 }
 struct MXFP4 {
   static constexpr int SUBS = 1, BYTES = 17;
-  static constexpr bool ZERO = false;
+  static constexpr bool ZERO = true;
   static void header(const uint8_t* p, Header<1>& h) {
     h.scale[0] = e8m0_half(p[0]);
-    h.zero[0] = 0.f;
+    h.zero[0] = -12.0f * h.scale[0];
   }
-  static int32_t q(const uint8_t* p, int, int l) { return kMxfp4[l < 16 ? p[1 + l] & 0x0F : p[1 + l - 16] >> 4]; }
+  static int32_t code(const uint8_t* p, int l) { return l < 16 ? p[1 + l] & 0x0F : p[1 + l - 16] >> 4; }
+  static int32_t q(const uint8_t* p, int, int l) { return kMxfp4Offset[code(p, l)]; }
   static void dequantize(const uint8_t* p, float* y) {
     const float d = e8m0_half(p[0]);
-    for (int l = 0; l < 32; ++l) y[l] = d * float(q(p, 0, l));
+    for (int l = 0; l < 32; ++l) y[l] = d * float(kMxfp4[code(p, l)]);
   }
 };
-// legacy types whose integer weights are signed (the u8 x s8 dot takes their sign over to x)
-template <class K>
-constexpr bool signed_weights = std::is_same<K, Q8_0>::value || std::is_same<K, MXFP4>::value;
 // Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit q; the 32 bytes of
 // sub-blocks 2i and 2i + 1 hold the first in their low nibbles, the second in their high ones.
 // w = d * sc_j * q - dmin * m_j
@@ -790,7 +794,18 @@ inline void vheader(const Q4_1&, const uint8_t* p, VHeader& h) {
   h.zero = half_f16c(p + 2);
 }
 inline void vheader(const Q8_0&, const uint8_t* p, VHeader& h) { h.d = half_f16c(p); }
-inline void vheader(const MXFP4&, const uint8_t* p, VHeader& h) { h.d = e8m0_half(p[0]); }
+// eight e8m0 exponent bytes (the low ones of e) -> 2^(e - 128) each: e << 23 is 2^(e - 127) from
+// e = 1 on, halved exactly (e = 1 to a subnormal); e = 0's 2^-128 is put in by itself
+inline __m256 e8m0_half8(__m128i e) {
+  const __m256i e32 = _mm256_cvtepu8_epi32(e);
+  const __m256 halved = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(e32, 23)), _mm256_set1_ps(0.5f));
+  return _mm256_blendv_ps(halved, _mm256_set1_ps(e8m0_half(0)),
+                          _mm256_castsi256_ps(_mm256_cmpeq_epi32(e32, _mm256_setzero_si256())));
+}
+inline void vheader(const MXFP4&, const uint8_t* p, VHeader& h) {
+  h.d = e8m0_half(p[0]);
+  h.zero = -12.0f * h.d;
+}
 inline void vheader(const Q4_K&, const uint8_t* p, VHeader& h) { k4_header(p, h); }
 inline void vheader(const Q5_K&, const uint8_t* p, VHeader& h) { k4_header(p, h); }
 inline void vheader(const Q6_K&, const uint8_t* p, VHeader& h) {
@@ -804,8 +819,8 @@ inline void vheader(const Q6_K&, const uint8_t* p, VHeader& h) {
 inline __m256i weights(const Q4_0&, const uint8_t* p, int) { return nibbles32(p + 2); }
 inline __m256i weights(const Q4_1&, const uint8_t* p, int) { return nibbles32(p + 4); }
 inline __m256i weights(const Q8_0&, const uint8_t* p, int) { return load32(p + 2); }
-inline __m256i weights(const MXFP4&, const uint8_t* p, int) {  // codes to their integers
-  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4)));
+inline __m256i weights(const MXFP4&, const uint8_t* p, int) {  // codes to their offset integers
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kMxfp4Offset)));
   return _mm256_shuffle_epi8(table, nibbles32(p + 1));
 }
 inline __m256i weights(const Q4_K&, const uint8_t* p, int j) { return k_nibbles(p + 16, j); }
@@ -830,7 +845,7 @@ inline __m256i dot(const Q8_0&, __m256i w, __m256i x, const VHeader&, __m256i) {
   // signed weights: |w| times x carrying w's sign
   return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
-inline __m256i dot(const MXFP4&, __m256i w, __m256i x, const VHeader& h, __m256i z) { return dot(Q8_0{}, w, x, h, z); }
+inline __m256i dot(const MXFP4&, __m256i w, __m256i x, const VHeader&, __m256i) { return dot_u8s8(w, x); }
 // the K-quants': x32 = 32 . x per pair (Q6_K's offset, the same for every weight row)
 inline __m256i kdot(const Q4_K&, __m256i w, __m256i x, __m256i, __m256i sc) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc);
@@ -867,7 +882,7 @@ inline __m256 k4_terms(__m256 S, __m256 M, __m256 dxs, __m256 mxs) {
 }
 
 // Legacy types' blocks' terms from their integer dots S (float), dxs = d * xs, and zero * (the
-// block's float sum of x): S * dxs + zero * xsum, the product rounded, then one fused multiply-add.
+// block's sum of rounded x): S * dxs + zero * xsum, the product rounded, then one fused multiply-add.
 // The same operations in lrow (a block a lane) and ltile (a token a lane).
 inline __m256 legacy_terms(__m256 S, __m256 dxs, __m256 zero, __m256 xsum) {
   return _mm256_fmadd_ps(zero, xsum, _mm256_mul_ps(S, dxs));
@@ -917,10 +932,9 @@ inline void lrow(const uint8_t* w, int64_t nb, const Acts& a, int64_t t0, float*
         if (k == 3 || k == 7) quad[t][k / 4] = _mm256_hadd_epi32(pair[t][k / 4 * 2], pair[t][k / 4 * 2 + 1]);
       }
     }
-    const __m256 d8 = std::is_same<K, MXFP4>::value
-                          ? _mm256_i32gather_ps(reinterpret_cast<const float*>(kE8M0.bits), _mm256_cvtepu8_epi32(dh), 4)
-                          : _mm256_cvtph_ps(dh);
+    const __m256 d8 = std::is_same<K, MXFP4>::value ? e8m0_half8(dh) : _mm256_cvtph_ps(dh);
     const __m256 zero8 = std::is_same<K, Q4_0>::value   ? _mm256_mul_ps(_mm256_set1_ps(-8.0f), d8)
+                         : std::is_same<K, MXFP4>::value ? _mm256_mul_ps(_mm256_set1_ps(-12.0f), d8)
                          : std::is_same<K, Q4_1>::value ? _mm256_cvtph_ps(mh)
                                                         : _mm256_setzero_ps();
     const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(q)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -1032,21 +1046,26 @@ inline __m256i chunk_of(__m256i lo, __m256i hi) {
   return _mm256_shuffle_epi32(C < 4 ? lo : hi, (C % 4) * 0x55);
 }
 // Chunk C of a legacy block against G interleaved groups: Q4_0 / Q4_1's u8 x s8 pairs add up in
-// int16 over the block's eight chunks (16 products of 15 * 127) before one multiply-add; Q8_0's
-// signed weights take their sign over to x, and each chunk its multiply-add
+// int16 over the block's eight chunks (16 products of 15 * 127) before one multiply-add, MXFP4's
+// (of 24 * 127) over four; Q8_0's signed weights take their sign over to x, and each chunk its
+// multiply-add
 template <class K, int G, int C>
 inline void lchunks(__m256i lo, __m256i hi, const int8_t* const* xb, __m256i* s16, __m256i* S) {
   if constexpr (C < 8) {
+    constexpr int CH = std::is_same<K, MXFP4>::value ? 4 : 8;  // chunks a block's int16 sums hold
     const __m256i wc = chunk_of<C>(lo, hi), ones = _mm256_set1_epi16(1);
     for (int i = 0; i < G; ++i) {
       const __m256i x = load32(reinterpret_cast<const uint8_t*>(xb[i] + 32 * C));
-      if constexpr (signed_weights<K>) {
+      if constexpr (std::is_same<K, Q8_0>::value) {
         const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wc, wc), _mm256_sign_epi8(x, wc));
         S[i] = C == 0 ? _mm256_madd_epi16(prod, ones) : _mm256_add_epi32(S[i], _mm256_madd_epi16(prod, ones));
       } else {
         const __m256i prod = _mm256_maddubs_epi16(wc, x);
-        s16[i] = C == 0 ? prod : _mm256_add_epi16(s16[i], prod);
-        if (C == 7) S[i] = _mm256_madd_epi16(s16[i], ones);
+        s16[i] = C % CH == 0 ? prod : _mm256_add_epi16(s16[i], prod);
+        if (C % CH == CH - 1) {
+          const __m256i part = _mm256_madd_epi16(s16[i], ones);
+          S[i] = C == CH - 1 ? part : _mm256_add_epi32(S[i], part);
+        }
       }
     }
     lchunks<K, G, C + 1>(lo, hi, xb, s16, S);
@@ -1197,27 +1216,18 @@ inline void tile(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float
 }
 #endif
 
-// A block of 32 activations: its largest magnitude, and its sum
-inline float block_top(const float* xb, float* sum) {
+// A block of 32 activations: its largest magnitude
+inline float block_top(const float* xb) {
 #if defined(__AVX2__) && defined(__FMA__)
-  __m256 top8 = _mm256_setzero_ps(), sum8 = _mm256_setzero_ps();
+  __m256 top8 = _mm256_setzero_ps();
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int i = 0; i < 4; ++i) {
-    const __m256 v = _mm256_loadu_ps(xb + 8 * i);
-    top8 = _mm256_max_ps(top8, _mm256_andnot_ps(sign, v));
-    sum8 = _mm256_add_ps(sum8, v);
-  }
+  for (int i = 0; i < 4; ++i) top8 = _mm256_max_ps(top8, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 8 * i)));
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  *sum = hsum(sum8);
   return std::max(_mm_cvtss_f32(m4), _mm_cvtss_f32(_mm_movehdup_ps(m4)));
 #else
-  float top = 0.f, total = 0.f;
-  for (int j = 0; j < QBLOCK; ++j) {
-    top = std::max(top, std::fabs(xb[j]));
-    total += xb[j];
-  }
-  *sum = total;
+  float top = 0.f;
+  for (int j = 0; j < QBLOCK; ++j) top = std::max(top, std::fabs(xb[j]));
   return top;
 #endif
 }
@@ -1526,9 +1536,15 @@ struct QuantizedRows {
     float top[QK / QBLOCK];
     for (int64_t c = c0; c < c0 + len; c += QBLOCK) {
       const int64_t b = r * nb + c / QBLOCK;
-      const float t = block_top(x + c, xsum + b);
+      const float t = block_top(x + c);
       round_block(x + c, t > 0.f ? 127.0f / t : 0.f, xq + r * cols + c);
       xscale[b] = t / 127.0f;
+      // the rounded block's sum (llama.cpp's q8_1 keeps the same): a zero term then meets the
+      // activations the integer dot met, so a weight read as code + offset under a zero is exactly
+      // its signed form (MXFP4's code + 12 would else be twice as far off)
+      int16_t halves[2];
+      block_isums(xq + r * cols + c, halves);
+      xsum[b] = xscale[b] * float(halves[0] + halves[1]);
       top[(c / QBLOCK) % (QK / QBLOCK)] = t;
       if (cols % QK == 0 && (c + QBLOCK) % QK == 0) {
         const float t256 = *std::max_element(top, top + QK / QBLOCK);

@@ -9,10 +9,8 @@ from gguf.quants import quantize as gguf_quantize
 
 from radixserve.runtime.models.quant import KINDS, BlockTensor
 
-# where each type keeps its f16 scales, and its quantized values (bytes of a block)
+# where each type keeps its f16 scales (bytes of a block)
 SCALE_BYTES = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
-VALUE_BYTES = {"Q4_0": (2, 18), "Q4_1": (4, 20), "Q8_0": (2, 34), "Q4_K": (16, 144), "Q5_K": (16, 176),
-               "Q6_K": (0, 192), "MXFP4": (1, 17)}
 LEGACY = ("Q4_0", "Q4_1", "Q8_0", "MXFP4")   # blocks of 32 (the K-quants': super-blocks of 256)
 
 
@@ -87,19 +85,6 @@ def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator, sca
     for at in SCALE_BYTES.get(kind, []):
         blocks[..., at:at + 2] = _f16(np.abs(rng.normal(scale, scale / 2, blocks.shape[:2])))
     return data
-
-
-def zeros_of(t: BlockTensor) -> np.ndarray:
-    """What each weight of t is with its quantized value 0, where the kernels add that zero term from
-    the activations' float block sums: Q4_0 and Q4_1. 0 for the others: Q8_0 and Q6_K's integers are
-    signed, and Q4_K / Q5_K's mins meet the int8 activations' integer sums, so that rounding meets
-    the whole weight."""
-    if t.kind not in ("Q4_0", "Q4_1"):
-        return np.zeros((t.rows, t.cols), np.float32)
-    data = t.data.copy().reshape(t.data.shape[0], -1, KINDS[t.kind][2])
-    start, end = VALUE_BYTES[t.kind]
-    data[..., start:end] = 0
-    return BlockTensor(t.kind, data.reshape(t.data.shape), t.cols, t.row_map).dequantize()
 
 
 def _metadata_type(value):
