@@ -7,7 +7,9 @@ its decode steps timed less the first (the prompt's last token).
   1024) beside the dense model of the same active size (one MLP of 4 x 384): a MoE step should
   cost close to its active parameters, not its total. Rounds alternate between the two. `moe`
   serves them as bf16 safetensors; `moe-gguf` as Q8_0 GGUFs in llama.cpp's layout, whose
-  experts run on the block kernels.
+  experts run on the block kernels. `--forms fused separate` times each model of the pair both
+  ways, alternating: its layers in one kernel call each (runtime/models/fused_decode.py; a MoE
+  layer's experts a call of their own) and as separate calls.
 
 - `windows`: a Gemma-3-shaped model (hidden 1024, 12 layers, 5 of 6 windowed to 512 tokens) at
   ~3,000 tokens of context, its decode attention on the C++ kernels (`cpu`: the windowed layers read
@@ -17,6 +19,7 @@ Random weights written with transformers' own classes into a temporary directory
 downloaded. Writes bench/results/families.json (or --out). Reports figures, never asserts.
 
     .venv/bin/python bench/families.py [--rounds 3] [--steps 48] [--parts tiny,moe,moe-gguf,windows]
+    .venv/bin/python bench/families.py --parts moe-gguf --forms fused separate
 """
 from __future__ import annotations
 
@@ -116,6 +119,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--parts", default="tiny,moe")
+    p.add_argument("--forms", nargs="+", default=["fused"], choices=["fused", "separate"],
+                   help="the MoE pair's decode steps as fused layer calls (where the model has them) or separate ones")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     parts = set(args.parts.split(","))
@@ -142,19 +147,25 @@ def main() -> None:
                 sizes[name] = {"total_params_m": round(total / 1e6), "active_params_m": round(active_params(cfg) / 1e6),
                                "file_mb": round(sum(f.stat().st_size for f in ([path] if path.is_file() else path.iterdir())) / 2**20)}
                 engines[name] = Engine(EngineConfig(kv_cache_tokens=8192), model_files=load_model_files(str(path)))
-            ms: dict[str, list[float]] = {name: [] for name in engines}
+            fused = {name: engine.model.fused_decode for name, engine in engines.items()}
+            runs = [(name, form) for form in args.forms for name in engines]
+            ms: dict[tuple, list[float]] = {run: [] for run in runs}
             for r in range(args.rounds):
-                for name in (list(engines) if r % 2 == 0 else list(reversed(engines))):
-                    ms[name].append(tpot_ms(engines[name], args.steps))
-                    print(name, r, round(ms[name][-1], 2), flush=True)
+                for name, form in (runs if r % 2 == 0 else list(reversed(runs))):
+                    engines[name].model.fused_decode = fused[name] if form == "fused" else None
+                    ms[name, form].append(tpot_ms(engines[name], args.steps))
+                    print(name, form, r, round(ms[name, form][-1], 2), flush=True)
             key = part.replace("-", "_")
             report[key] = {}
             for name, engine in engines.items():
-                report[key][name] = {**sizes[name], "dtype": str(engine.dtype), "tpot_ms": spread(ms[name]),
-                                     "tok_per_s": round(1e3 / statistics.median(ms[name]), 1)}
+                report[key][name] = {**sizes[name], "dtype": str(engine.dtype), "fused_available": fused[name] is not None}
+                for form in args.forms:
+                    report[key][name][form] = {"tpot_ms": spread(ms[name, form]),
+                                               "tok_per_s": round(1e3 / statistics.median(ms[name, form]), 1)}
                 engine.shutdown()
-            moe, dense = (statistics.median(ms[n]) for n in engines)
-            report[key]["moe_over_dense_tpot"] = round(moe / dense, 2)
+            for form in args.forms:
+                moe, dense = (statistics.median(ms[n, form]) for n in engines)
+                report[key][f"moe_over_dense_tpot_{form}"] = round(moe / dense, 2)
         if "windows" in parts:
             path, _ = write_model(windowed_gemma3(), Path(tmp) / "gemma3_windowed", tokenizer)
             files = load_model_files(str(path))

@@ -91,6 +91,14 @@ void add_rms_norm(float* x, const T* delta, int64_t delta_stride, const float* w
     add_rms_norm_row(x + r * d, delta == nullptr ? nullptr : delta + r * delta_stride, w, out + r * d, d, eps);
 }
 
+// Qwen3's q/k norms in place on a row [q heads | k heads | ...] of d values each: each head's RMS
+// norm times its weight (the separate calls' `head_rms_norm` and the fused layer's own)
+inline void head_rms_norms(float* row, int64_t heads, int64_t kv_heads, int64_t d, const float* q_norm,
+                           const float* k_norm, float eps) {
+  for (int64_t h = 0; h < heads + kv_heads; ++h)
+    add_rms_norm_row<float>(row + h * d, nullptr, h < heads ? q_norm : k_norm, row + h * d, d, eps);
+}
+
 // Rotary embedding in place on `heads` heads of d values, back to back (rotate-half layout), with
 // rows c, s of the tables of runtime/models/rope.py: cos twice, then -sin and sin.
 template <class T>
@@ -1611,14 +1619,18 @@ void dequantize_panel_bf16(const BlockMatrix& m, int64_t r0, int64_t r1, bf16* o
 
 // ---- one decoder layer of a pure-decode step ------------------------------------------------------
 // A float32 model whose four linear layers are block-quantized (runtime/models/fused_decode.py):
-// norm -> qkv -> RoPE -> K/V write -> attention -> o -> norm -> gate-up -> SiLU -> down in one call
-// and one OpenMP team, instead of ~10 calls from Python, each returning to the interpreter (~9 us
-// a call, ~300 a step). Each stage is the separate kernels' own code: the results are identical.
+// norm -> qkv -> (q/k norms) -> RoPE -> K/V write -> attention -> o -> norm -> gate-up -> SiLU -> down
+// in one call and one OpenMP team, instead of ~10 calls from Python, each returning to the
+// interpreter (~9 us a call, ~300 a step). Each stage is the separate kernels' own code: the
+// results are identical. A MoE layer (no gate-up rows) stops at its MLP's normed input, which it
+// leaves in `delta` for the experts' own call.
 struct LayerWeights {
   BlockMatrix qkv, o, gate_up, down;
   const float* input_norm;
   const float* post_norm;
   float eps;
+  const float* q_norm;  // [d] each query head's RMS norm weight (Qwen3), or null
+  const float* k_norm;  // [d] each key head's
 };
 
 struct DecodeStep {
@@ -1660,6 +1672,7 @@ void decoder_layer(const LayerWeights& w, const DecodeStep& s, int64_t layer, bo
 #pragma omp for
     for (int64_t r = 0; r < n; ++r) {
       float* row = qkv + r * qkv_width;  // [q heads | k heads | v heads]
+      if (w.q_norm != nullptr) head_rms_norms(row, heads, p.kv_heads, d, w.q_norm, w.k_norm, w.eps);
       rope_row<float>(row, heads + p.kv_heads, d, s.cos + s.positions[r] * d, s.sin + s.positions[r] * d);
       std::memcpy(k_cache + s.out_slots[r] * kv_width, row + q_width, kv_width * sizeof(float));
       std::memcpy(v_cache + s.out_slots[r] * kv_width, row + q_width + kv_width, kv_width * sizeof(float));
@@ -1668,22 +1681,26 @@ void decoder_layer(const LayerWeights& w, const DecodeStep& s, int64_t layer, bo
 #pragma omp for
     for (int64_t r = 0; r < n; ++r) quantize(att, r, q_width);
     matmul_team(w.o, n, a.view(q_width), o);
+    const bool mlp = w.gate_up.rows > 0;
 #pragma omp for
     for (int64_t r = 0; r < n; ++r) {
-      add_rms_norm_row<float>(s.x + r * hidden, o + r * hidden, w.post_norm, h + r * hidden, hidden, w.eps);
-      quantize(h, r, hidden);
+      add_rms_norm_row<float>(s.x + r * hidden, o + r * hidden, w.post_norm, (mlp ? h : s.delta) + r * hidden,
+                              hidden, w.eps);
+      if (mlp) quantize(h, r, hidden);
     }
-    matmul_team(w.gate_up, n, a.view(hidden), gate_up);
-    // by spans of a row, not rows: at one token a row is one thread's work (a span is a
-    // super-block where the K-quants' form is made, which needs its 256 values together)
-    const int64_t span = inter % QK == 0 ? QK : QBLOCK, spans = inter / span;
+    if (mlp) {  // else a MoE layer: the experts take `delta` from here
+      matmul_team(w.gate_up, n, a.view(hidden), gate_up);
+      // by spans of a row, not rows: at one token a row is one thread's work (a span is a
+      // super-block where the K-quants' form is made, which needs its 256 values together)
+      const int64_t span = inter % QK == 0 ? QK : QBLOCK, spans = inter / span;
 #pragma omp for
-    for (int64_t rs = 0; rs < n * spans; ++rs) {
-      const int64_t r = rs / spans, c = rs % spans * span;
-      silu_mul_row<float>(gate_up + r * 2 * inter + c, gate_up + r * 2 * inter + inter + c, act + r * inter + c, span);
-      a.quantize(act + r * inter, r, c, span, inter);
+      for (int64_t rs = 0; rs < n * spans; ++rs) {
+        const int64_t r = rs / spans, c = rs % spans * span;
+        silu_mul_row<float>(gate_up + r * 2 * inter + c, gate_up + r * 2 * inter + inter + c, act + r * inter + c, span);
+        a.quantize(act + r * inter, r, c, span, inter);
+      }
+      matmul_team(w.down, n, a.view(inter), s.delta);
     }
-    matmul_team(w.down, n, a.view(inter), s.delta);
   }
   std::free(h);
 }
@@ -1916,6 +1933,13 @@ RS_BOTH(RS_ADD_RMS_NORM)
             static_cast<const T*>(sin), positions);                                                           \
   }
 RS_BOTH(RS_ROPE)
+
+// rows of [q heads | k heads | ...] (float32, row_stride apart), each head RMS-normed in place
+RS_EXPORT void rs_head_rms_norms(float* x, int64_t row_stride, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d,
+                                 const float* q_norm, const float* k_norm, float eps) {
+#pragma omp parallel for if (rows >= 16)
+  for (int64_t r = 0; r < rows; ++r) head_rms_norms(x + r * row_stride, heads, kv_heads, d, q_norm, k_norm, eps);
+}
 
 #define RS_SILU_MUL(NAME, T)                                                                                  \
   RS_EXPORT void rs_silu_mul_##NAME(const void* gate_up, int64_t rows, int64_t inter, void* out) {            \

@@ -214,7 +214,7 @@ class PagedDecode(ctypes.Structure):
 
 class LayerWeights(ctypes.Structure):
     _fields_ = [("qkv", BlockMatrix), ("o", BlockMatrix), ("gate_up", BlockMatrix), ("down", BlockMatrix),
-                ("input_norm", _vp), ("post_norm", _vp), ("eps", _f32c)]
+                ("input_norm", _vp), ("post_norm", _vp), ("eps", _f32c), ("q_norm", _vp), ("k_norm", _vp)]
 
 
 class DenseExperts(ctypes.Structure):
@@ -303,6 +303,8 @@ class CpuKernels:
             fn = getattr(lib, f"rs_dense_experts_{suffix}")
             fn.argtypes, fn.restype = [ctypes.POINTER(DenseExperts), ptr, i64, ptr, ptr, i64, ptr], None
             self._fns["dense_experts", suffix] = fn
+        self._head_rms_norms = lib.rs_head_rms_norms
+        self._head_rms_norms.argtypes, self._head_rms_norms.restype = [ptr, i64, i64, i64, i64, i64, ptr, ptr, f32], None
         self._block_experts = lib.rs_block_experts
         self._block_experts.argtypes = [ctypes.POINTER(BlockExperts), ptr, i64, ptr, ptr, i64, ptr]
         self._block_experts.restype = None
@@ -337,6 +339,16 @@ class CpuKernels:
         assert positions.dtype == torch.int64 and positions.is_contiguous() and head_dim <= MAX_HEAD_DIM
         self.fn("rope", x.dtype)(x.data_ptr(), x.stride(0), x.shape[0], heads, head_dim, cos.data_ptr(),
                                  sin.data_ptr(), positions.data_ptr())
+
+    def head_rms_norms_(self, qk: torch.Tensor, heads: int, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                        eps: float) -> None:
+        """qk [T, heads + kv_heads, d] float32 (heads contiguous, rows any stride): each of the
+        first `heads` heads RMS-normed times q_norm [d], each after times k_norm, in place."""
+        t, n, d = qk.shape
+        assert qk.dtype == q_norm.dtype == k_norm.dtype == torch.float32 and qk.stride(2) == 1 and qk.stride(1) == d
+        assert q_norm.is_contiguous() and k_norm.is_contiguous() and q_norm.numel() == k_norm.numel() == d
+        self._head_rms_norms(qk.data_ptr(), qk.stride(0), t, heads, n - heads, d, q_norm.data_ptr(),
+                             k_norm.data_ptr(), eps)
 
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> None:

@@ -23,12 +23,19 @@ LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
            "mlp.up_proj", "mlp.down_proj"]
 
 
-def config(attention_bias: bool = False, qk_norm: bool = False) -> ModelConfig:
-    # widths of whole K-quant super-blocks (256), so that every block type can hold any matrix
+def config(attention_bias: bool = False, qk_norm: bool = False, moe: bool = False, **more) -> ModelConfig:
+    # widths of whole K-quant super-blocks (256), so that every block type can hold any matrix;
+    # a MoE model's middle layer keeps a dense MLP, as some (dense_layers) do
+    experts = dict(num_experts=4, experts_per_token=2, moe_intermediate_size=256, dense_layers=(1,)) if moe else {}
     return ModelConfig("qwen2" if attention_bias else "llama", hidden_size=256, num_layers=3, num_heads=4,
                        num_kv_heads=2, head_dim=64, intermediate_size=512, vocab_size=300, max_context_len=2048,
-                       attention_bias=attention_bias, qk_norm=qk_norm)
+                       attention_bias=attention_bias, qk_norm=qk_norm, **experts, **more)
 
+
+# the families the layer kernel covers: Llama, Qwen2 (q/k/v biases), Qwen3 (q/k norms), and a
+# Qwen3-MoE (its layers' attention fused, their experts a call of their own)
+FAMILIES = {"llama": {}, "qwen2": dict(attention_bias=True), "qwen3": dict(qk_norm=True),
+            "qwen3_moe": dict(qk_norm=True, moe=True)}
 
 # each layer's block types, as GGUF files mix them: legacy, Q4_K_M-like (v and down in Q6_K), Q5_K
 KINDS_OF_LAYER = [
@@ -39,13 +46,24 @@ KINDS_OF_LAYER = [
 
 
 def quantized_model(cfg: ModelConfig, dtype=torch.float32) -> LlamaForCausalLM:
-    """A random model whose linear layers are block-quantized (the LM head Q8_0), as a GGUF file holds them."""
+    """A random model whose linear layers (and experts) are block-quantized (the LM head Q8_0), as a
+    GGUF file holds them."""
     weights = random_weights(cfg, std=0.1)
+    g = torch.Generator().manual_seed(1)
     for i in range(cfg.num_layers):
         kinds = KINDS_OF_LAYER[i % len(KINDS_OF_LAYER)]
+        kind = lambda lin: kinds.get(lin, kinds.get("default", "Q4_1"))  # noqa: E731
         for lin in LINEARS:
             name = f"model.layers.{i}.{lin}.weight"
-            weights[name] = quantized(kinds.get(lin, kinds.get("default", "Q4_1")), weights[name].numpy())
+            weights[name] = quantized(kind(lin), weights[name].numpy())
+        if cfg.is_moe_layer(i):
+            m, inter = f"model.layers.{i}.mlp.", cfg.moe_intermediate_size
+            weights[m + "gate.weight"] = torch.randn(cfg.num_experts, cfg.hidden_size, generator=g)
+            for e in range(cfg.num_experts):
+                for lin, shape in (("gate_proj", (inter, cfg.hidden_size)), ("up_proj", (inter, cfg.hidden_size)),
+                                   ("down_proj", (cfg.hidden_size, inter))):
+                    dense = torch.randn(*shape, generator=g) * 0.1
+                    weights[f"{m}experts.{e}.{lin}.weight"] = quantized(kind("mlp." + lin), dense.numpy())
     weights["lm_head.weight"] = quantized("Q8_0", weights["lm_head.weight"].numpy())
     return LlamaForCausalLM(cfg, weights, dtype, CPU)
 
@@ -89,11 +107,12 @@ def separate_forward(model: LlamaForCausalLM, step: Step) -> torch.Tensor:
 
 
 @settings(max_examples=25, deadline=None)
-@given(data=st.data(), page_size=st.sampled_from([1, 4, 16]), bias=st.booleans(), seed=st.integers(0, 2**16))
-def test_a_fused_decode_step_equals_the_separate_layer_calls(data, page_size, bias, seed):
-    """Any mix of decodes, some reading one cached prefix, short and split contexts, with or
-    without q/k/v biases: the same logits bit for bit, and the same K/V written."""
-    cfg = config(attention_bias=bias)
+@given(data=st.data(), page_size=st.sampled_from([1, 4, 16]), family=st.sampled_from(sorted(FAMILIES)),
+       seed=st.integers(0, 2**16))
+def test_a_fused_decode_step_equals_the_separate_layer_calls(data, page_size, family, seed):
+    """Any mix of decodes, some reading one cached prefix, short and split contexts, in each family
+    the kernel covers: the same logits bit for bit, and the same K/V written."""
+    cfg = config(**FAMILIES[family])
     model = quantized_model(cfg)
     contexts = data.draw(st.lists(st.integers(1, 700), min_size=1, max_size=6))
     shared = data.draw(st.integers(0, (min(contexts) - 1) // page_size)) if len(contexts) > 1 else 0
@@ -107,11 +126,12 @@ def test_a_fused_decode_step_equals_the_separate_layer_calls(data, page_size, bi
     assert torch.equal(step.kv.k, k) and torch.equal(step.kv.v, v)
 
 
-def test_a_float32_model_on_block_weights_decodes_with_one_call_per_layer():
-    assert quantized_model(config()).fused_decode is not None
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_float32_model_on_block_weights_decodes_with_one_call_per_layer(family):
+    assert quantized_model(config(**FAMILIES[family])).fused_decode is not None
 
 
-@pytest.mark.parametrize("what", ["bfloat16", "dense weights", "q/k norms"])
+@pytest.mark.parametrize("what", ["bfloat16", "dense weights", "partial rotary"])
 def test_a_model_the_layer_kernel_does_not_cover_keeps_the_separate_calls(what):
     if what == "bfloat16":
         model = quantized_model(config(), dtype=torch.bfloat16)
@@ -119,7 +139,7 @@ def test_a_model_the_layer_kernel_does_not_cover_keeps_the_separate_calls(what):
         cfg = config()
         model = LlamaForCausalLM(cfg, random_weights(cfg), torch.float32, CPU)
     else:
-        model = quantized_model(config(qk_norm=True))
+        model = quantized_model(config(rotary_dim=32))
     assert model.fused_decode is None
 
 

@@ -11,36 +11,42 @@ separate ops otherwise (steps with prefills, the torch backend, another dtype).
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from radixserve.kernels.cpu_kernels import CpuKernels, DecodeStep, LayerWeights, PagedDecode
+from radixserve.kernels.cpu_kernels import BlockMatrix, CpuKernels, DecodeStep, LayerWeights, PagedDecode
 
 
 class FusedDecodeLayers:
-    def __init__(self, kernels: CpuKernels, weights: list[tuple[int, LayerWeights]], cos: torch.Tensor,
-                 sin: torch.Tensor):
-        self.kernels, self.weights = kernels, weights   # (KV cache layer, weights) of each layer
+    def __init__(self, kernels: CpuKernels, weights: list[tuple[int, LayerWeights, Optional[Callable]]],
+                 cos: torch.Tensor, sin: torch.Tensor):
+        # (KV cache layer, weights, the layer's experts or None) of each layer
+        self.kernels, self.weights = kernels, weights
         self.cos, self.sin = cos, sin
 
     @classmethod
     def of(cls, kernels: CpuKernels, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor
            ) -> Optional["FusedDecodeLayers"]:
         """The fused form of `layers` (runtime/models/llama.py's DecoderLayers), or None where one
-        of them has a part the kernel does not do: another dtype, a dense linear layer, q/k norms,
-        partial rotary, experts."""
-        linears = lambda la: (la.qkv, la.o, la.gate_up, la.down)  # noqa: E731
+        of them has a part the kernel does not do: another dtype, a dense linear layer, partial
+        rotary, windows, sinks, sandwich norms. A MoE layer's kernel call ends at its experts'
+        input; the experts run as their own call."""
+        def linears(la):
+            return (la.qkv, la.o) if la.moe is not None else (la.qkv, la.o, la.gate_up, la.down)
+
         if cos.dtype != torch.float32 or not all(
                 la.dtype == torch.float32 and la.fusable
                 and all(getattr(lin, "matrix", None) is not None for lin in linears(la)) for la in layers):
             return None
         weights = []
         for la in layers:
-            w = LayerWeights(*(lin.matrix for lin in linears(la)), la.input_norm.data_ptr(),
-                             la.post_attn_norm.data_ptr(), la.eps)
+            mlp = (BlockMatrix(), BlockMatrix()) if la.moe is not None else (la.gate_up.matrix, la.down.matrix)
+            ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+            w = LayerWeights(la.qkv.matrix, la.o.matrix, *mlp, la.input_norm.data_ptr(), la.post_attn_norm.data_ptr(),
+                             la.eps, ptr(la.q_norm), ptr(la.k_norm))
             w.keep = la
-            weights.append((la.index, w))
+            weights.append((la.index, w, la.moe))
         return cls(kernels, weights, cos.contiguous(), sin.contiguous())
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, out_slots: torch.Tensor,
@@ -55,6 +61,8 @@ class FusedDecodeLayers:
         delta = torch.empty_like(x)
         step = DecodeStep(x.data_ptr(), delta.data_ptr(), x.shape[0], self.cos.data_ptr(), self.sin.data_ptr(),
                           positions.data_ptr(), out_slots.data_ptr(), ctypes.pointer(paged))
-        for i, (layer, w) in enumerate(self.weights):
+        for i, (layer, w, moe) in enumerate(self.weights):
             self.kernels.decoder_layer(w, step, layer, i > 0)
+            if moe is not None:   # delta holds the experts' normed input: their output replaces it
+                delta.copy_(moe(delta))
         return x, delta

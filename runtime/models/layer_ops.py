@@ -25,6 +25,14 @@ class TorchLayerOps:
             x = x + delta
         return x, F.rms_norm(x, (x.shape[-1],), weight, eps).to(dtype)
 
+    def head_norms(self, qk: torch.Tensor, heads: int, q_norm: torch.Tensor, k_norm: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+        """qk [T, heads + kv_heads, d] with each query head RMS-normed times q_norm, each key head
+        times k_norm (Qwen3; a new tensor here, in place in other forms)."""
+        d = qk.shape[-1]
+        return torch.cat([F.rms_norm(qk[:, :heads], (d,), q_norm, eps), F.rms_norm(qk[:, heads:], (d,), k_norm, eps)],
+                         dim=1)
+
     def rope_positions(self, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> Any:
         """A step's rotary state, from the [max_len, head_dim] tables of rope.py."""
         return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
@@ -59,6 +67,13 @@ class CpuLayerOps(TorchLayerOps):
         if dtype not in KERNEL_DTYPES or (delta is not None and delta.stride(-1) != 1):
             return super().add_rms_norm(x, delta, weight, eps, dtype)
         return x, self.k.add_rms_norm(x, delta, weight, eps, dtype)
+
+    def head_norms(self, qk, heads, q_norm, k_norm, eps):
+        # the fused decode layer's own code (kernels/cpu_kernels.cpp `head_rms_norms`)
+        if qk.dtype != torch.float32 or qk.stride(2) != 1 or qk.stride(1) != qk.shape[2]:
+            return super().head_norms(qk, heads, q_norm, k_norm, eps)
+        self.k.head_rms_norms_(qk, heads, q_norm, k_norm, eps)
+        return qk
 
     def rope_positions(self, cos, sin, positions):
         return cos, sin, positions

@@ -71,9 +71,9 @@ class DecoderLayer:
         self.rotary_dim = cfg.rotary_dim
         self.ops = ops   # the model's one LayerOps
         # what the whole-layer decode kernel does (runtime/models/fused_decode.py)
-        self.fusable = (self.q_norm is None and self.moe is None and self.rotary_dim == self.head_dim
-                        and self.act == "silu" and not cfg.sandwich_norms and self.window is None
-                        and self.sinks is None)
+        # (a MoE layer's part: up to its experts' normed input)
+        self.fusable = (self.rotary_dim == self.head_dim and self.act == "silu" and not cfg.sandwich_norms
+                        and self.window is None and self.sinks is None)
 
     def __call__(self, x: torch.Tensor, delta: Optional[torch.Tensor], rope_state, batch: ForwardBatch,
                  attn) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,8 +87,7 @@ class DecoderLayer:
         qk = qkv[:, : self.q_size + self.kv_size].view(t, self.heads + self.kv_heads, d)
         v = qkv[:, self.q_size + self.kv_size:].view(t, self.kv_heads, d)
         if self.q_norm is not None:
-            qk = torch.cat([F.rms_norm(qk[:, : self.heads], (d,), self.q_norm, self.eps),
-                            F.rms_norm(qk[:, self.heads:], (d,), self.k_norm, self.eps)], dim=1)
+            qk = ops.head_norms(qk, self.heads, self.q_norm, self.k_norm, self.eps)
         if self.rotary_dim < d:   # partial rotary: the leading dims of each head turn, the rest pass
             r = self.rotary_dim
             qk = torch.cat([ops.rope(qk[..., :r].contiguous(), rope_state), qk[..., r:]], dim=-1)
