@@ -15,6 +15,11 @@ its decode steps timed less the first (the prompt's last token).
   ~3,000 tokens of context, its decode attention on the C++ kernels (`cpu`: the windowed layers read
   their last 512 positions) against the torch backend, alternating.
 
+Every timing runs in a child process of its own, one engine in it. Two OpenMP thread pools in one
+process (a second engine's, or the main thread's after any parallel torch op) make libgomp see
+more threads than cores, and its barriers then sleep at once instead of spinning: a fused decode
+step of the ~1B MoE took 21 ms instead of 9 that way, after a 1 MB torch.zeros in the main thread.
+
 Random weights written with transformers' own classes into a temporary directory; nothing is
 downloaded. Writes bench/results/families.json (or --out). Reports figures, never asserts.
 
@@ -27,6 +32,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -114,6 +120,27 @@ def spread(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
 
 
+LONG_PROMPT = [200 + (i * 7919) % 40000 for i in range(3000)]
+
+
+def measure(path: Path, steps: int, form: str = "fused", backend: str = "auto", long: bool = False) -> dict:
+    """One TPOT of the model at `path`, timed in a child process that holds only its engine."""
+    cmd = [sys.executable, __file__, "--measure", str(path), "--steps", str(steps), "--form", form,
+           "--backend", backend] + (["--long-prompt"] if long else [])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def measure_here(args) -> None:
+    engine = Engine(EngineConfig(kv_cache_tokens=8192, attention_backend=args.backend),
+                    model_files=load_model_files(args.measure))
+    fused = engine.model.fused_decode
+    engine.model.fused_decode = fused if args.form == "fused" else None
+    ms = tpot_ms(engine, args.steps, LONG_PROMPT if args.long_prompt else PROMPT)
+    print(json.dumps({"tpot_ms": ms, "dtype": str(engine.dtype), "fused_available": fused is not None}))
+    engine.shutdown()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
@@ -122,7 +149,14 @@ def main() -> None:
     p.add_argument("--forms", nargs="+", default=["fused"], choices=["fused", "separate"],
                    help="the MoE pair's decode steps as fused layer calls (where the model has them) or separate ones")
     p.add_argument("--out", type=Path, default=RESULTS)
+    # a child's one timing (measure())
+    p.add_argument("--measure", help=argparse.SUPPRESS)
+    p.add_argument("--form", default="fused", help=argparse.SUPPRESS)
+    p.add_argument("--backend", default="auto", help=argparse.SUPPRESS)
+    p.add_argument("--long-prompt", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.measure:
+        return measure_here(args)
     parts = set(args.parts.split(","))
     tokenizer = load_model_files(None, weights=False).tokenizer
     report: dict = {"command": "bench/families.py " + " ".join(sys.argv[1:]), "machine": machine(),
@@ -133,54 +167,45 @@ def main() -> None:
 
             for arch in TINY:
                 build_tiny_model(arch, Path(tmp) / arch, tokenizer)
-                engine = Engine(EngineConfig(kv_cache_tokens=4096), model_files=load_model_files(str(Path(tmp) / arch)))
-                ms = [tpot_ms(engine, args.steps) for _ in range(args.rounds)]
-                engine.shutdown()
+                ms = [measure(Path(tmp) / arch, args.steps)["tpot_ms"] for _ in range(args.rounds)]
                 report["tiny"][arch] = {"tpot_ms": spread(ms), "tok_per_s": round(1e3 / statistics.median(ms), 1)}
                 print(arch, report["tiny"][arch], flush=True)
         for part in ("moe", "moe-gguf"):
             if part not in parts:
                 continue
-            engines, sizes = {}, {}
+            paths, sizes = {}, {}
             for name, cfg in moe_pair().items():
                 path, total = write_model(cfg, Path(tmp) / name, tokenizer, gguf=part == "moe-gguf")
+                paths[name] = path
                 sizes[name] = {"total_params_m": round(total / 1e6), "active_params_m": round(active_params(cfg) / 1e6),
                                "file_mb": round(sum(f.stat().st_size for f in ([path] if path.is_file() else path.iterdir())) / 2**20)}
-                engines[name] = Engine(EngineConfig(kv_cache_tokens=8192), model_files=load_model_files(str(path)))
-            fused = {name: engine.model.fused_decode for name, engine in engines.items()}
-            runs = [(name, form) for form in args.forms for name in engines]
+            runs = [(name, form) for form in args.forms for name in paths]
             ms: dict[tuple, list[float]] = {run: [] for run in runs}
             for r in range(args.rounds):
                 for name, form in (runs if r % 2 == 0 else list(reversed(runs))):
-                    engines[name].model.fused_decode = fused[name] if form == "fused" else None
-                    ms[name, form].append(tpot_ms(engines[name], args.steps))
+                    got = measure(paths[name], args.steps, form)
+                    sizes[name].update(dtype=got["dtype"], fused_available=got["fused_available"])
+                    ms[name, form].append(got["tpot_ms"])
                     print(name, form, r, round(ms[name, form][-1], 2), flush=True)
             key = part.replace("-", "_")
             report[key] = {}
-            for name, engine in engines.items():
-                report[key][name] = {**sizes[name], "dtype": str(engine.dtype), "fused_available": fused[name] is not None}
+            for name in paths:
+                report[key][name] = dict(sizes[name])
                 for form in args.forms:
                     report[key][name][form] = {"tpot_ms": spread(ms[name, form]),
                                                "tok_per_s": round(1e3 / statistics.median(ms[name, form]), 1)}
-                engine.shutdown()
             for form in args.forms:
-                moe, dense = (statistics.median(ms[n, form]) for n in engines)
+                moe, dense = (statistics.median(ms[n, form]) for n in paths)
                 report[key][f"moe_over_dense_tpot_{form}"] = round(moe / dense, 2)
         if "windows" in parts:
             path, _ = write_model(windowed_gemma3(), Path(tmp) / "gemma3_windowed", tokenizer)
-            files = load_model_files(str(path))
-            engines = {b: Engine(EngineConfig(kv_cache_tokens=8192, attention_backend=b), model_files=files)
-                       for b in ("cpu", "torch")}
-            long_prompt = [200 + (i * 7919) % 40000 for i in range(3000)]
-            ms = {b: [] for b in engines}
+            ms = {b: [] for b in ("cpu", "torch")}
             for r in range(args.rounds):
-                for b in (list(engines) if r % 2 == 0 else list(reversed(engines))):
-                    ms[b].append(tpot_ms(engines[b], args.steps, long_prompt))
+                for b in (list(ms) if r % 2 == 0 else list(reversed(ms))):
+                    ms[b].append(measure(path, args.steps, backend=b, long=True)["tpot_ms"])
                     print("windows", b, r, round(ms[b][-1], 2), flush=True)
-            report["windows"] = {b: {"tpot_ms": spread(ms[b])} for b in engines}
+            report["windows"] = {b: {"tpot_ms": spread(ms[b])} for b in ms}
             report["windows"]["cpu_over_torch_tpot"] = round(statistics.median(ms["cpu"]) / statistics.median(ms["torch"]), 2)
-            for engine in engines.values():
-                engine.shutdown()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
