@@ -39,10 +39,11 @@ class FusedDecodeLayers:
                 la.dtype == torch.float32 and la.fusable
                 and all(getattr(lin, "matrix", None) is not None for lin in linears(la)) for la in layers):
             return None
+        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
         weights = []
         for la in layers:
+            # a MoE layer's MLP: no rows (the kernel stops at the experts' input)
             mlp = (BlockMatrix(), BlockMatrix()) if la.moe is not None else (la.gate_up.matrix, la.down.matrix)
-            ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
             w = LayerWeights(la.qkv.matrix, la.o.matrix, *mlp, la.input_norm.data_ptr(), la.post_attn_norm.data_ptr(),
                              la.eps, ptr(la.q_norm), ptr(la.k_norm))
             w.keep = la
