@@ -92,7 +92,7 @@ void add_rms_norm(float* x, const T* delta, int64_t delta_stride, const float* w
 }
 
 // Qwen3's q/k norms in place on a row [q heads | k heads | ...] of d values each: each head's RMS
-// norm times its weight (the separate calls' `head_rms_norm` and the fused layer's own)
+// norm times its weight (the separate calls' `rs_head_rms_norms` and the fused layer's own)
 inline void head_rms_norms(float* row, int64_t heads, int64_t kv_heads, int64_t d, const float* q_norm,
                            const float* k_norm, float eps) {
   for (int64_t h = 0; h < heads + kv_heads; ++h)
