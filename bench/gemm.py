@@ -12,6 +12,11 @@ built (activation rows interleaved by eight from 5 rows, ltile in kernels/cpu_ke
 same source built with interleaving off (lrow's 1 x 4 tiles at every row count), alternating; each
 row count also checks that both give the same bits. With
 --kinterleave, the K-quants' tokens interleaved by eight (ktile) against one row by four (krow).
+With --against SRC, the library as built against another source of it built the same way (an
+earlier commit's: `git show HEAD~1:kernels/cpu_kernels.cpp > /tmp/before.cpp`), every block type.
+With --from-memory, each matrix is cycled through copies that together pass the last-level cache,
+so that its bytes come from memory, as a decode step's do on a model of 1B parameters or more;
+figures are then also given in GB/s of weights.
 
 With --prefill, also an engine's prefill time (a prompt of each length, cache flushed, one token
 out) on the default model or --model, with the bf16 panels on and off, alternating.
@@ -22,6 +27,7 @@ Writes bench/results/gemm.json (or --out). Reports figures, never asserts.
     .venv/bin/python bench/gemm.py --prefill 512 2000 [--model bench/models/llama-1b-Q8_0.gguf]
     .venv/bin/python bench/gemm.py --interleave --rows 4 5 8 16 32 --out bench/results/gemm_interleave.json
     .venv/bin/python bench/gemm.py --kinterleave --rows 4 5 8 16 64 --out bench/results/gemm_kinterleave.json
+    .venv/bin/python bench/gemm.py --against /tmp/before.cpp --from-memory --rows 1 2 --out bench/results/gemm_against.json
 """
 from __future__ import annotations
 
@@ -29,9 +35,11 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.append(str(Path(__file__).resolve().parent.parent))   # tests/, after site-packages
@@ -89,12 +97,18 @@ def prefill_times(model, lengths: list[int], repeats: int) -> dict:
 # --interleave / --kinterleave: the library as built against the same source built with a flag that
 # brings back the form it replaced: (flag, name of each side, block types compared)
 VARIANTS = {"interleave": ("-DRS_INTERLEAVE_ROWS=1000000000", "interleaved", "lrow", ("Q4_0", "Q4_1", "Q8_0")),
-            "kinterleave": ("-DRS_KINTERLEAVE_ROWS=1000000000", "kinterleaved", "krow", ("Q4_K", "Q5_K", "Q6_K"))}
+            "kinterleave": ("-DRS_KINTERLEAVE_ROWS=1000000000", "kinterleaved", "krow", ("Q4_K", "Q5_K", "Q6_K")),
+            "against": (None, "built", "against", None)}
 
 
-def variant_compare(kernels, matrices: dict, rows: list[int], repeats: int, variant: str) -> dict:
-    """GFLOP/s of the library as built against the same source built with VARIANTS[variant]'s flag,
-    alternating, and whether both give the same bits."""
+# Bytes of copies a --from-memory matrix is cycled through: past any last-level cache here (32 MB)
+FROM_MEMORY_BYTES = 384 << 20
+
+
+def variant_compare(kernels, matrices: dict, rows: list[int], repeats: int, variant: str,
+                    against: Optional[Path] = None, from_memory: bool = False) -> dict:
+    """GFLOP/s of the library as built against the same source built with VARIANTS[variant]'s flag
+    (or against another source, `against`), alternating, and whether both give the same bits."""
     import ctypes
     import tempfile
 
@@ -103,24 +117,38 @@ def variant_compare(kernels, matrices: dict, rows: list[int], repeats: int, vari
     flag, built, other, kinds = VARIANTS[variant]
     with tempfile.TemporaryDirectory() as tmp:   # the loaded library outlives its file
         path = Path(tmp) / f"cpu_kernels_{other}.so"
-        cpu_kernels.build(path, cpu_kernels.FLAGS + [flag])
+        if against is not None:
+            source = Path(tmp) / "cpu_kernels.cpp"   # built as the library is: -march=native and all
+            source.write_text(against.read_text())
+            subprocess.run([cpu_kernels._compiler(), *cpu_kernels.FLAGS, str(source), "-o", str(path)], check=True)
+        else:
+            cpu_kernels.build(path, cpu_kernels.FLAGS + [flag])
         before = cpu_kernels.CpuKernels(ctypes.CDLL(str(path)))
     sides = {built: kernels, other: before}
     out: dict = {}
     for name, w in matrices.items():
-        if w.kind not in kinds:
+        if kinds is not None and w.kind not in kinds:
             continue
-        lins = {side: BlockLinear([w], None, k, bf16_gemm=False) for side, k in sides.items()}
+        copies = [w] if not from_memory else \
+            [BlockTensor(w.kind, w.data.copy(), w.cols, w.row_map) for _ in range(max(2, FROM_MEMORY_BYTES // w.data.nbytes))]
+        lins = {side: [BlockLinear([c], None, k, bf16_gemm=False).matrix for c in copies] for side, k in sides.items()}
         out[name] = {}
         for n in rows:
             x = torch.randn(n, w.cols)
-            same = torch.equal(*(sides[s].block_linear(x, lins[s].matrix) for s in sides))
+            same = torch.equal(*(sides[s].block_linear(x, lins[s][0]) for s in sides))
             times: dict[str, list[float]] = {s: [] for s in sides}
+
+            def cycle(side: str) -> None:
+                for m in lins[side]:
+                    sides[side].block_linear(x, m)
+
             for r in range(repeats):
                 for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-                    times[side].append(median_s(lambda: sides[side].block_linear(x, lins[side].matrix), 3, warmup=1))
+                    times[side].append(median_s(lambda: cycle(side), 1 if from_memory else 3, warmup=1) / len(copies))
             flop = 2 * w.rows * w.cols * n
             cell = {f"{s}_gflops": round(flop / statistics.median(t) / 1e9, 1) for s, t in times.items()}
+            if from_memory:
+                cell.update({f"{s}_gb_per_s": round(w.data.nbytes / statistics.median(t) / 1e9, 1) for s, t in times.items()})
             cell["speedup"] = round(cell[f"{built}_gflops"] / cell[f"{other}_gflops"], 2)
             cell["identical"] = same
             out[name][n] = cell
@@ -137,6 +165,8 @@ def main() -> None:
     p.add_argument("--skip-matrices", action="store_true")
     p.add_argument("--interleave", action="store_true", help="legacy types' tokens interleaved (ltile) against one row by four (lrow)")
     p.add_argument("--kinterleave", action="store_true", help="K-quant tokens interleaved (ktile) against one row by four")
+    p.add_argument("--against", type=Path, default=None, help="another source of kernels/cpu_kernels.cpp to compare with")
+    p.add_argument("--from-memory", action="store_true", help="cycle copies of each matrix, so its bytes come from memory")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     cpu = get_platform(torch.device("cpu"))
@@ -158,8 +188,16 @@ def main() -> None:
         matrices["8B up (Q4_K 14336x4096)"] = made_matrix("Q4_K", 14336, 4096)
     if args.kinterleave:
         matrices["1B down (Q5_K 2048x8192)"] = made_matrix("Q5_K", 2048, 8192)
+    if args.against:
+        # random blocks: the tests' quantiser takes minutes at these sizes, and speed does not care
+        from tests.kquants import random_blocks
+
+        for name, kind, rows, cols in (("8B down (Q4_K 4096x14336)", "Q4_K", 4096, 14336),
+                                       ("1B LM head (Q6_K 49152x2048)", "Q6_K", 49152, 2048)):
+            matrices[name] = BlockTensor(kind, random_blocks(kind, rows, cols, np.random.default_rng(0)), cols)
     for variant in [v for v in VARIANTS if getattr(args, v)]:
-        report[variant] = variant_compare(kernels, matrices, args.rows, args.repeats, variant)
+        report[variant] = variant_compare(kernels, matrices, args.rows, args.repeats, variant, args.against,
+                                          args.from_memory)
         args.skip_matrices = True
     for name, w in ({} if args.skip_matrices else matrices).items():
         lin = BlockLinear([w], None, kernels, bf16_gemm=True)

@@ -728,6 +728,25 @@ struct Q6_K {
 template <class K>
 constexpr bool kmins = K::SUBS == 8 && K::ZERO;
 
+// One- and two-token steps read each weight row once and ask the memory for the row PREFETCH_ROWS
+// ahead: the hardware prefetcher alone left the 8-bit LM head waiting on memory
+// (bench/decode_floor.py's "linear layers + LM head"). A row longer than PREFETCH_BURST_BYTES is
+// asked for a group of blocks at a time as the tile reads its own group, into L2: the whole row at
+// its start stalled the loads behind a burst of up to 126 requests (on a Zen 4 EPYC, one token:
+// 17.7 against 33.2 GB/s on an 8B down projection, 19.8 against 31.0 on a 1B one; bench/gemm.py
+// --from-memory --against, the burst form's source). Shorter rows (the default model's) are still
+// asked for at once, which left them ~10% faster than a group at a time.
+#ifndef RS_PREFETCH_ROWS
+#define RS_PREFETCH_ROWS 8
+#endif
+constexpr int64_t PREFETCH_ROWS = RS_PREFETCH_ROWS;
+constexpr int64_t PREFETCH_BURST_BYTES = 1024;
+// (inlined always: a call would spill the tiles' vector registers, which halved the long-row speed)
+__attribute__((always_inline)) inline void prefetch_span(const char* ahead, int64_t from, int64_t to) {
+  if (ahead != nullptr)
+    for (int64_t o = from; o < to; o += 64) __builtin_prefetch(ahead + o, 0, 2);
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 // sums of four u8 x s8 products into each int32 lane (no saturation: every caller's u8 <= 128 and
 // |s8| <= 127, so a maddubs pair stays within int16)
@@ -854,17 +873,9 @@ inline __m256i dot(const Q8_0&, __m256i w, __m256i x, const VHeader&, __m256i) {
   return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
 inline __m256i dot(const MXFP4&, __m256i w, __m256i x, const VHeader&, __m256i) { return dot_u8s8(w, x); }
-// the K-quants': x32 = 32 . x per pair (Q6_K's offset, the same for every weight row)
-inline __m256i kdot(const Q4_K&, __m256i w, __m256i x, __m256i, __m256i sc) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc);
-}
-inline __m256i kdot(const Q5_K&, __m256i w, __m256i x, __m256i, __m256i sc) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc);
-}
-inline __m256i kdot(const Q6_K&, __m256i w, __m256i x, __m256i x32, __m256i sc) {
-  // (u - 32) . x per pair of weights, then each 16's pairs times its sub-scale
-  return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(w, x), x32), sc);
-}
+// the K-quants' integer dot of sub-block j: u8 weights (Q6_K's u, 32 above its weight: krow takes
+// the offset off per super-block, from the halves' sums) times x, each pair times its sub-scale
+inline __m256i kdot(__m256i w, __m256i x, __m256i sc) { return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc); }
 
 // sub-block j's int16 sub-scales, for dot
 template <class K>
@@ -905,10 +916,11 @@ inline float legacy_sum(__m256 acc) {
 // A legacy-type weight row w against NT activation rows from t0: each block's integer dot S,
 // reduced for eight blocks at once (a block a lane), then legacy_terms in eight lanes
 template <class K, int NT>
-inline void lrow(const uint8_t* w, int64_t nb, const Acts& a, int64_t t0, float* out) {
+inline void lrow(const uint8_t* w, int64_t nb, const Acts& a, int64_t t0, float* out, const char* ahead) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+    prefetch_span(ahead, b0 * K::BYTES, std::min<int64_t>(nb, b0 + 8) * K::BYTES);
     const int64_t q = std::min<int64_t>(8, nb - b0);
     __m256i pending[NT], pair[NT][4], quad[NT][2];
     // each block's f16 d (and Q4_1's m) put in lanes in registers: a vector load of eight small
@@ -963,11 +975,12 @@ inline void lrow(const uint8_t* w, int64_t nb, const Acts& a, int64_t t0, float*
 // (sub-scales applied) and Q4_K / Q5_K's mins term M (their int8 block sums times the mins) are
 // reduced for four super-blocks at once, a super-block a lane, before k4_terms' float operations
 template <class K, int NT>
-inline void krow(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float* out) {
+inline void krow(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float* out, const char* ahead) {
   const int64_t cols = a.cols, nb = cols / QBLOCK;
   __m128 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm_setzero_ps();
   for (int64_t s0 = 0; s0 < nsb; s0 += 4) {
+    prefetch_span(ahead, s0 * K::BYTES, std::min<int64_t>(nsb, s0 + 4) * K::BYTES);
     const int64_t q = std::min<int64_t>(4, nsb - s0);
     // per pair of super-blocks (a, b): P = S's partial sums (lanes a01 a23 b01 b23 | a45 a67 b45 b67),
     // and the pair's mins (a's | b's)
@@ -997,9 +1010,17 @@ inline void krow(const uint8_t* w, int64_t nsb, const Acts& a, int64_t t0, float
           const __m256i wv = weights(K{}, p, j), sc = sub_scale<K>(h, j);
           for (int t = 0; t < NT; ++t) {
             const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq256 + (t0 + t) * cols + ((s0 + k) * 8 + j) * QBLOCK));
-            const __m256i x32 = std::is_same<K, Q6_K>::value ? _mm256_maddubs_epi16(_mm256_set1_epi8(32), x) : x;
-            const __m256i d = kdot(K{}, wv, x, x32, sc);
+            const __m256i d = kdot(wv, x, sc);
             isum[t] = j == 0 ? d : _mm256_add_epi32(d, isum[t]);
+          }
+        }
+        if constexpr (std::is_same<K, Q6_K>::value) {
+          // S took u * x, and u - 32 is the weight: less 32 * sub-scale * (sum of its 16 x), once a
+          // super-block (as ktile does) rather than 32 * x a sub-block and weight row
+          const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)));
+          for (int t = 0; t < NT; ++t) {
+            const __m256i b16 = load32(reinterpret_cast<const uint8_t*>(a.xb16 + (t0 + t) * (cols / 16) + (s0 + k) * 16));
+            isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(_mm256_madd_epi16(b16, sc16), 5));
           }
         }
       } else {
@@ -1306,12 +1327,6 @@ struct BlockMatrix {
   int64_t rows, cols;
 };
 
-// Rows a tile asks the memory for ahead of reading them: the hardware prefetcher alone left the
-// 8-bit LM head waiting on memory (bench/decode_floor.py's "linear layers + LM head")
-#ifndef RS_PREFETCH_ROWS
-#define RS_PREFETCH_ROWS 8
-#endif
-constexpr int64_t PREFETCH_ROWS = RS_PREFETCH_ROWS;
 // Activation rows a prefill pass holds in L2 while every weight row streams past (bytes)
 constexpr int64_t CHUNK_BYTES = 128 << 10;
 // From this many activation rows, a legacy-type matrix runs on rows interleaved by eight (ltile):
@@ -1334,14 +1349,16 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
   const int64_t nsb = a.cols / (QBLOCK * K::SUBS);
   const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
   const uint8_t* w = row(r);
-  if (prefetch && r + PREFETCH_ROWS < s.rows) {
-    const char* ahead = reinterpret_cast<const char*>(row(r + PREFETCH_ROWS));
+  const char* ahead = prefetch && r + PREFETCH_ROWS < s.rows ? reinterpret_cast<const char*>(row(r + PREFETCH_ROWS))
+                                                              : nullptr;
+  if (ahead != nullptr && s.row_bytes <= PREFETCH_BURST_BYTES) {  // at once: a short burst, more lead
     for (int64_t o = 0; o < s.row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
+    ahead = nullptr;
   }
   float d[NT];
 #if defined(__AVX2__) && defined(__FMA__)
-  if constexpr (K::SUBS == 8) krow<K, NT>(w, nsb, a, t0, d);
-  else lrow<K, NT>(w, nsb, a, t0, d);
+  if constexpr (K::SUBS == 8) krow<K, NT>(w, nsb, a, t0, d, ahead);
+  else lrow<K, NT>(w, nsb, a, t0, d, ahead);
 #else
   tile<K, NT>(w, nsb, a, t0, d);
 #endif
