@@ -128,8 +128,11 @@ def main() -> None:
             continue
         if not QUANTIZE.exists():
             sys.exit(f"{QUANTIZE} is missing: make bench-peers builds it")
-        done = subprocess.run([str(QUANTIZE), str(base), str(dest), q], capture_output=True, text=True)
+        # from a Q8_0 base (the 8B's, half an F16 file's disk) llama-quantize wants leave to requantize
+        again = ["--allow-requantize"] if args.type != "F16" else []
+        done = subprocess.run([str(QUANTIZE), *again, str(base), str(dest), q], capture_output=True, text=True)
         if done.returncode:
+            dest.unlink(missing_ok=True)   # what it wrote before failing would pass for the file next time
             sys.exit(f"llama-quantize failed:\n{done.stderr[-3000:]}")
         print(f"wrote {dest} ({dest.stat().st_size / 1e9:.2f} GB)")
 

@@ -1313,13 +1313,21 @@ inline void with_kind(int64_t kind, F f) {
 }
 
 // Rows of one block type: output row i is the file's row row_map[i] (row_map null: row i), each
-// row_bytes apart. A matrix is up to three of these stacked along the output dim (q, k and v as
-// one projection: their types may differ, Q4_K_M gives v more bits) and a float32 bias.
+// row_bytes apart; where the map is a permutation, out_of is its inverse (the output row of each
+// file row), and the kernels walk the file's rows in order (`pass_row`). A matrix is up to three
+// of these stacked along the output dim (q, k and v as one projection: their types may differ,
+// Q4_K_M gives v more bits) and a float32 bias.
 struct BlockSegment {
   const uint8_t* data;
   const int32_t* row_map;
+  const int32_t* out_of;
   int64_t row_bytes, rows, kind;
 };
+// Step i of a pass over a segment's rows: the weight row it reads and the output row it writes
+inline const uint8_t* pass_weights(const BlockSegment& s, int64_t i) {
+  return s.data + (s.out_of != nullptr || s.row_map == nullptr ? i : s.row_map[i]) * s.row_bytes;
+}
+inline int64_t pass_row(const BlockSegment& s, int64_t i) { return s.out_of != nullptr ? s.out_of[i] : i; }
 struct BlockMatrix {
   BlockSegment segment[3];
   int64_t n_segments;
@@ -1343,14 +1351,14 @@ constexpr int64_t INTERLEAVE_ROWS = RS_INTERLEAVE_ROWS;
 #endif
 constexpr int64_t KINTERLEAVE_ROWS = RS_KINTERLEAVE_ROWS;
 
+// step i of a pass: its weight row against NT tokens from t0, into its output row
 template <class K, int NT>
-inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, int64_t row0, int64_t out_rows,
+inline void run_tile(const BlockSegment& s, int64_t i, int64_t t0, int64_t n, int64_t row0, int64_t out_rows,
                      const Acts& a, const float* bias, float* out, bool prefetch) {
-  const int64_t nsb = a.cols / (QBLOCK * K::SUBS);
-  const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
-  const uint8_t* w = row(r);
-  const char* ahead = prefetch && r + PREFETCH_ROWS < s.rows ? reinterpret_cast<const char*>(row(r + PREFETCH_ROWS))
-                                                              : nullptr;
+  const int64_t nsb = a.cols / (QBLOCK * K::SUBS), r = pass_row(s, i);
+  const uint8_t* w = pass_weights(s, i);
+  const char* ahead = prefetch && i + PREFETCH_ROWS < s.rows
+                          ? reinterpret_cast<const char*>(pass_weights(s, i + PREFETCH_ROWS)) : nullptr;
   if (ahead != nullptr && s.row_bytes <= PREFETCH_BURST_BYTES) {  // at once: a short burst, more lead
     for (int64_t o = 0; o < s.row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
     ahead = nullptr;
@@ -1373,7 +1381,7 @@ inline void run_tile(const BlockSegment& s, int64_t r, int64_t t0, int64_t n, in
 template <class K, int NT>
 inline void rows_once(const BlockMatrix& m, const BlockSegment& s, int64_t row0, const Acts& a, float* out) {
 #pragma omp for schedule(static) nowait
-  for (int64_t r = 0; r < s.rows; ++r) run_tile<K, NT>(s, r, 0, NT, row0, m.rows, a, m.bias, out, true);
+  for (int64_t i = 0; i < s.rows; ++i) run_tile<K, NT>(s, i, 0, NT, row0, m.rows, a, m.bias, out, true);
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -1400,15 +1408,14 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
     // L2, each against every weight row, two groups a weight row's pass
     const int64_t blocks = cols / (QBLOCK * K::SUBS), groups = (n + 7) / 8;
     const int64_t chunk = std::max<int64_t>(2, CHUNK_BYTES / (8 * cols) / 2 * 2);
-    const auto row = [&](int64_t i) { return s.data + (s.row_map != nullptr ? s.row_map[i] : i) * s.row_bytes; };
     for (int64_t g0 = 0; g0 < groups; g0 += chunk) {
       const int64_t g1 = std::min(groups, g0 + chunk);
 #pragma omp for schedule(static) nowait
-      for (int64_t r = 0; r < s.rows; ++r)
-        for (int64_t g = g0; g < g1; g += 2) {
+      for (int64_t i = 0; i < s.rows; ++i)
+        for (int64_t g = g0, r = pass_row(s, i); g < g1; g += 2) {
           __m256 y[2];
-          if (g + 1 < g1) xtile<K, 2>(row(r), blocks, a, g, y);
-          else xtile<K, 1>(row(r), blocks, a, g, y);
+          if (g + 1 < g1) xtile<K, 2>(pass_weights(s, i), blocks, a, g, y);
+          else xtile<K, 1>(pass_weights(s, i), blocks, a, g, y);
           const float bias = m.bias != nullptr ? m.bias[row0 + r] : 0.f;
           for (int64_t i = 0; i < 2 && g + i < g1; ++i) {
             alignas(32) float v[8];
@@ -1427,8 +1434,8 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
   for (int64_t c0 = 0; c0 < n; c0 += chunk) {
     const int64_t c1 = std::min(n, c0 + chunk);
 #pragma omp for schedule(static) nowait
-    for (int64_t r = 0; r < s.rows; ++r)
-      for (int64_t t0 = c0; t0 < c1; t0 += 4) run_tile<K, 4>(s, r, t0, n, row0, m.rows, a, m.bias, out, n < 8);
+    for (int64_t i = 0; i < s.rows; ++i)
+      for (int64_t t0 = c0; t0 < c1; t0 += 4) run_tile<K, 4>(s, i, t0, n, row0, m.rows, a, m.bias, out, n < 8);
   }
 }
 

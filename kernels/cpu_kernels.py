@@ -169,7 +169,8 @@ def block_matrix(parts: Sequence, bias: Optional[torch.Tensor] = None) -> "Block
 def block_segment(t) -> "BlockSegment":
     assert t.data.flags.c_contiguous and (t.row_map is None or t.row_map.dtype == np.int32)
     row_map = None if t.row_map is None else t.row_map.ctypes.data
-    return BlockSegment(t.data.ctypes.data, row_map, t.data.shape[1], t.rows, t.kind_id)
+    out_of = None if t.out_of is None else t.out_of.ctypes.data
+    return BlockSegment(t.data.ctypes.data, row_map, out_of, t.data.shape[1], t.rows, t.kind_id)
 
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
@@ -181,7 +182,7 @@ _i64, _f32c, _vp = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
 class BlockSegment(ctypes.Structure):
-    _fields_ = [("data", _vp), ("row_map", _vp), ("row_bytes", _i64), ("rows", _i64), ("kind", _i64)]
+    _fields_ = [("data", _vp), ("row_map", _vp), ("out_of", _vp), ("row_bytes", _i64), ("rows", _i64), ("kind", _i64)]
 
 
 class BlockMatrix(ctypes.Structure):

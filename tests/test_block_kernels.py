@@ -99,6 +99,25 @@ def test_a_row_map_reads_the_rows_it_names():
                        KERNELS.block_linear(x, block_matrix([copied])))
 
 
+@pytest.mark.parametrize("tokens", [1, 2, 4, 9])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_a_permuting_row_map_is_read_in_file_order_and_written_where_it_maps(kind, tokens):
+    """llama.cpp's q / k permutation: each file row's result lands in the output row the map gives it."""
+    t = random_tensor(kind, 40, 512, 0)
+    order = np.random.default_rng(2).permutation(40)
+    mapped = t.reordered(order)
+    assert mapped.out_of is not None and np.array_equal(mapped.row_map[mapped.out_of], np.arange(40))
+    copied = BlockTensor(kind, np.ascontiguousarray(t.data[order]), 512)
+    bias = torch.randn(40, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(tokens, 512, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(KERNELS.block_linear(x, block_matrix([mapped], bias)),
+                       KERNELS.block_linear(x, block_matrix([copied], bias)))
+
+
+def test_a_row_map_that_is_no_permutation_has_no_inverse():
+    assert random_tensor("Q4_K", 8, 256, 0).reordered(np.array([5, 5, 0, 7])).out_of is None
+
+
 @pytest.mark.parametrize("tokens", [2, 4, 5, 8, 70])
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_each_row_of_a_batch_equals_its_product_alone(kind, tokens):

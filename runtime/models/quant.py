@@ -40,10 +40,20 @@ class BlockTensor:
     def kind_id(self) -> int:
         return KINDS[self.kind][0]
 
+    # where row_map is a permutation of the file's rows: the output row of each file row, so that
+    # one-token steps read the file's rows in order and write each result where it belongs (the
+    # map's order, every other row of a head for q and k, took ~2x the time on a Zen 4 EPYC)
+    out_of: Optional[np.ndarray] = None    # int32 [file rows]
+
     def reordered(self, order: np.ndarray) -> "BlockTensor":
         """Row i of the result is row order[i] of this one (no bytes move)."""
         rows = np.asarray(order) if self.row_map is None else self.row_map[np.asarray(order)]
-        return BlockTensor(self.kind, self.data, self.cols, np.ascontiguousarray(rows, dtype=np.int32))
+        rows = np.ascontiguousarray(rows, dtype=np.int32)
+        out_of = None
+        if len(rows) == self.data.shape[0] and np.array_equal(np.sort(rows), np.arange(len(rows))):
+            out_of = np.empty_like(rows)
+            out_of[rows] = np.arange(len(rows), dtype=np.int32)
+        return BlockTensor(self.kind, self.data, self.cols, rows, out_of)
 
     def dequantize(self) -> np.ndarray:
         """float32 [rows, cols], by the gguf package's own reference (what the kernels must equal)."""
