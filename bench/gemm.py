@@ -12,8 +12,11 @@ built (activation rows interleaved by eight from 5 rows, ltile in kernels/cpu_ke
 same source built with interleaving off (lrow's 1 x 4 tiles at every row count), alternating; each
 row count also checks that both give the same bits. With
 --kinterleave, the K-quants' tokens interleaved by eight (ktile) against one row by four (krow).
-With --against SRC, the library as built against another source of it built the same way (an
-earlier commit's: `git show HEAD~1:kernels/cpu_kernels.cpp > /tmp/before.cpp`), every block type.
+With --prefetch, one- and two-token rows asked for a group of blocks at a time (rows over 1 KB, as
+built) against every row asked for at once (the earlier form), every block type. With --against
+SRC, the library as built against another source of it built the same way (an earlier commit's:
+`git show HEAD~1:kernels/cpu_kernels.cpp > /tmp/before.cpp`) whose structs still match
+kernels/cpu_kernels.py's (the `identical` column says where they do not).
 With --from-memory, each matrix is cycled through copies that together pass the last-level cache,
 so that its bytes come from memory, as a decode step's do on a model of 1B parameters or more;
 figures are then also given in GB/s of weights.
@@ -27,7 +30,7 @@ Writes bench/results/gemm.json (or --out). Reports figures, never asserts.
     .venv/bin/python bench/gemm.py --prefill 512 2000 [--model bench/models/llama-1b-Q8_0.gguf]
     .venv/bin/python bench/gemm.py --interleave --rows 4 5 8 16 32 --out bench/results/gemm_interleave.json
     .venv/bin/python bench/gemm.py --kinterleave --rows 4 5 8 16 64 --out bench/results/gemm_kinterleave.json
-    .venv/bin/python bench/gemm.py --against /tmp/before.cpp --from-memory --rows 1 2 --out bench/results/gemm_against.json
+    .venv/bin/python bench/gemm.py --prefetch --from-memory --rows 1 2 --out bench/results/gemm_prefetch_zen4.json
 """
 from __future__ import annotations
 
@@ -98,6 +101,7 @@ def prefill_times(model, lengths: list[int], repeats: int) -> dict:
 # brings back the form it replaced: (flag, name of each side, block types compared)
 VARIANTS = {"interleave": ("-DRS_INTERLEAVE_ROWS=1000000000", "interleaved", "lrow", ("Q4_0", "Q4_1", "Q8_0")),
             "kinterleave": ("-DRS_KINTERLEAVE_ROWS=1000000000", "kinterleaved", "krow", ("Q4_K", "Q5_K", "Q6_K")),
+            "prefetch": ("-DRS_PREFETCH_BURST_BYTES=1000000000", "spread", "burst", None),
             "against": (None, "built", "against", None)}
 
 
@@ -165,6 +169,7 @@ def main() -> None:
     p.add_argument("--skip-matrices", action="store_true")
     p.add_argument("--interleave", action="store_true", help="legacy types' tokens interleaved (ltile) against one row by four (lrow)")
     p.add_argument("--kinterleave", action="store_true", help="K-quant tokens interleaved (ktile) against one row by four")
+    p.add_argument("--prefetch", action="store_true", help="long rows prefetched a group at a time against all at once")
     p.add_argument("--against", type=Path, default=None, help="another source of kernels/cpu_kernels.cpp to compare with")
     p.add_argument("--from-memory", action="store_true", help="cycle copies of each matrix, so its bytes come from memory")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -188,7 +193,7 @@ def main() -> None:
         matrices["8B up (Q4_K 14336x4096)"] = made_matrix("Q4_K", 14336, 4096)
     if args.kinterleave:
         matrices["1B down (Q5_K 2048x8192)"] = made_matrix("Q5_K", 2048, 8192)
-    if args.against:
+    if args.against or args.prefetch:
         # random blocks: the tests' quantiser takes minutes at these sizes, and speed does not care
         from tests.kquants import random_blocks
 

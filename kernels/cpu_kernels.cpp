@@ -732,15 +732,18 @@ constexpr bool kmins = K::SUBS == 8 && K::ZERO;
 // ahead: the hardware prefetcher alone left the 8-bit LM head waiting on memory
 // (bench/decode_floor.py's "linear layers + LM head"). A row longer than PREFETCH_BURST_BYTES is
 // asked for a group of blocks at a time as the tile reads its own group, into L2: the whole row at
-// its start stalled the loads behind a burst of up to 126 requests (on a Zen 4 EPYC, one token:
-// 17.7 against 33.2 GB/s on an 8B down projection, 19.8 against 31.0 on a 1B one; bench/gemm.py
-// --from-memory --against, the burst form's source). Shorter rows (the default model's) are still
-// asked for at once, which left them ~10% faster than a group at a time.
+// its start stalled the loads behind a burst of up to 126 requests (on a Zen 4 EPYC, one token
+// from memory: 19.3 against 33.9 GB/s on an 8B down projection, 22.0 against 34.1 on a 1B one;
+// bench/gemm.py --prefetch --from-memory). Shorter rows (the default model's) are still asked for
+// at once, which left them ~10% faster than a group at a time.
 #ifndef RS_PREFETCH_ROWS
 #define RS_PREFETCH_ROWS 8
 #endif
 constexpr int64_t PREFETCH_ROWS = RS_PREFETCH_ROWS;
-constexpr int64_t PREFETCH_BURST_BYTES = 1024;
+#ifndef RS_PREFETCH_BURST_BYTES
+#define RS_PREFETCH_BURST_BYTES 1024
+#endif
+constexpr int64_t PREFETCH_BURST_BYTES = RS_PREFETCH_BURST_BYTES;
 // (inlined always: a call would spill the tiles' vector registers, which halved the long-row speed)
 __attribute__((always_inline)) inline void prefetch_span(const char* ahead, int64_t from, int64_t to) {
   if (ahead != nullptr)
