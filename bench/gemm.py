@@ -135,7 +135,7 @@ def variant_compare(kernels, matrices: dict, rows: list[int], repeats: int, vari
             continue
         copies = [w] if not from_memory else \
             [BlockTensor(w.kind, w.data.copy(), w.cols, w.row_map) for _ in range(max(2, FROM_MEMORY_BYTES // w.data.nbytes))]
-        lins = {side: [BlockLinear([c], None, k, bf16_gemm=False).matrix for c in copies] for side, k in sides.items()}
+        lins = {side: [BlockLinear([c], None, k).matrix for c in copies] for side, k in sides.items()}
         out[name] = {}
         for n in rows:
             x = torch.randn(n, w.cols)
@@ -186,7 +186,7 @@ def main() -> None:
                 "gpt-oss expert (MXFP4 5760x2880)": made_matrix("MXFP4", 5760, 2880),
                 "gpt-oss expert (Q4_0 5760x2880)": made_matrix("Q4_0", 5760, 2880)}
     report = {"command": "bench/gemm.py " + " ".join(sys.argv[1:]), "machine": machine(),
-              "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "matrices": {}}
+              "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "bf16_gemm_rows": cpu.bf16_gemm_rows, "matrices": {}}
     if args.interleave:
         matrices["1B qkv (Q4_1 3072x2048)"] = made_matrix("Q4_1", 3072, 2048)
     if args.kinterleave:
@@ -205,7 +205,7 @@ def main() -> None:
                                           args.from_memory)
         args.skip_matrices = True
     for name, w in ({} if args.skip_matrices else matrices).items():
-        lin = BlockLinear([w], None, kernels, bf16_gemm=True)
+        lin = BlockLinear([w], None, kernels, bf16_gemm_rows=1)
         rows = {}
         for n in args.rows:
             x = torch.randn(n, w.cols)

@@ -18,7 +18,8 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from radixserve.runtime.cpu_tuning import cpu_flags, retain_freed_memory, zeroed_pages
-from radixserve.runtime.models.linear import BlockEmbedding, BlockLinear, CpuLinear, Embedding, Linear
+from radixserve.runtime.models.linear import (BF16_GEMM_ROWS, BF16_GEMM_ROWS_NO_AMX, BlockEmbedding, BlockLinear,
+                                              CpuLinear, Embedding, Linear)
 from radixserve.runtime.models.quant import BlockTensor
 
 log = logging.getLogger("radixserve")
@@ -215,6 +216,9 @@ class CpuPlatform(Platform):
         # oneDNN's bf16 weight reorder refuses CPUs without these (an AVX2-only EPYC, say)
         self.onednn_bf16 = torch.backends.mkldnn.is_available() and (
             {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags)
+        # rows from which a prefill's block-quantized matrices take the bf16 GEMM (None: never)
+        self.bf16_gemm_rows = None if not (self.fast_bf16 and self.onednn_bf16) else \
+            BF16_GEMM_ROWS if "amx_bf16" in flags else BF16_GEMM_ROWS_NO_AMX
 
     def default_dtype(self, block_quantized: bool = False) -> torch.dtype:
         # block-quantized matrices run on the block kernels, whose activations are float32
@@ -258,7 +262,7 @@ class CpuPlatform(Platform):
     def linear(self, parts: Sequence, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Linear:
         kernels = self.kernels()
         if kernels is not None and all(isinstance(p, BlockTensor) for p in parts):
-            return BlockLinear(parts, bias, kernels, bf16_gemm=self.fast_bf16 and self.onednn_bf16)
+            return BlockLinear(parts, bias, kernels, bf16_gemm_rows=self.bf16_gemm_rows)
         weight = self.dense(parts, dtype)
         return CpuLinear(weight, None if bias is None else bias.to(dtype),
                          onednn=weight.dtype == torch.bfloat16 and self.onednn_bf16)

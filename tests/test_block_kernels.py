@@ -209,7 +209,7 @@ def test_prefill_rows_through_bf16_panels_equal_the_float64_matmul_up_to_bf16_ro
 
     t = random_tensor(kind, 40, 2 * KINDS[kind][1], 5)
     bias = torch.randn(40)
-    lin = BlockLinear([t], bias, KERNELS, bf16_gemm=True)
+    lin = BlockLinear([t], bias, KERNELS, bf16_gemm_rows=BF16_GEMM_ROWS)
     x = torch.randn(2 * BF16_GEMM_ROWS + 3, t.cols, generator=torch.Generator().manual_seed(6))
     got = lin(x).double()
     dense = torch.from_numpy(t.dequantize()).double()
@@ -220,9 +220,9 @@ def test_prefill_rows_through_bf16_panels_equal_the_float64_matmul_up_to_bf16_ro
 
 
 def test_decode_rows_stay_on_the_block_kernels_where_a_bf16_gemm_exists():
-    from radixserve.runtime.models.linear import BlockLinear
+    from radixserve.runtime.models.linear import BF16_GEMM_ROWS, BlockLinear
 
     t = random_tensor("Q4_1", 16, 64, 7)
-    lin = BlockLinear([t], None, KERNELS, bf16_gemm=True)
+    lin = BlockLinear([t], None, KERNELS, bf16_gemm_rows=BF16_GEMM_ROWS)
     x = torch.randn(4, 64)
     assert torch.equal(lin(x), KERNELS.block_linear(x, lin.matrix))

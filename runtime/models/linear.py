@@ -40,21 +40,21 @@ class BlockLinear(Linear):
     float32's 4, and no float copy of the weights exists. Activations are float32 (the kernels
     round them to int8 per block of 32).
 
-    With `bf16_gemm` (a CPU with AMX or AVX512-BF16), `BF16_GEMM_ROWS` rows or more (a prefill
-    chunk) go another way: panels of the weight are dequantised to bf16 a few MB at a time and
-    multiplied by oneDNN's bf16 GEMM: 2.5x the block kernels at 64 rows, 3-6x at 512 on a 2-core
-    AMX Xeon (bench/gemm.py). Its results round differently (bf16 inputs and outputs); decode
-    steps, a few rows each, stay on the block kernels."""
+    With `bf16_gemm_rows` (a CPU with AMX or AVX512-BF16: the platform's `bf16_gemm_rows`), that
+    many rows or more (a prefill chunk) go another way: panels of the weight are dequantised to
+    bf16 a few MB at a time and multiplied by oneDNN's bf16 GEMM: 2.5x the block kernels at 64
+    rows, 3-6x at 512 on a 2-core AMX Xeon (bench/gemm.py). Its results round differently (bf16
+    inputs and outputs); decode steps, a few rows each, stay on the block kernels."""
     quantized = True
 
-    def __init__(self, parts: Sequence, bias: Optional[torch.Tensor], kernels, bf16_gemm: bool = False):
+    def __init__(self, parts: Sequence, bias: Optional[torch.Tensor], kernels, bf16_gemm_rows: Optional[int] = None):
         from radixserve.kernels.cpu_kernels import block_matrix
         super().__init__(None, None if bias is None else bias.float().contiguous())
         self.parts, self.kernels = list(parts), kernels
         self.matrix = block_matrix(self.parts, self.bias)   # the fused decode layers read it too
         # Q6_K's bit planes take ~3x as long to dequantise: the GEMM pays from more rows
         slow = any(p.kind == "Q6_K" for p in self.parts)
-        self.bf16_rows = (2 * BF16_GEMM_ROWS if slow else BF16_GEMM_ROWS) if bf16_gemm else None
+        self.bf16_rows = None if bf16_gemm_rows is None else (2 * bf16_gemm_rows if slow else bf16_gemm_rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.bf16_rows is not None and x.shape[0] >= self.bf16_rows:
@@ -76,8 +76,11 @@ class BlockLinear(Linear):
 
 
 # Rows from which a prefill's linear layers take the bf16 GEMM (where the platform has one), and the
-# weight panel each dequantises at a time (bench/gemm.py measures both)
+# weight panel each dequantises at a time (bench/gemm.py measures both). With AMX the GEMM pays
+# from 64 rows; with AVX512-BF16 alone (a Zen 4 EPYC) the int8 block kernels kept up to ~128 rows
+# for Q4_K, ~192 for Q4_0 and ~256 for Q6_K / MXFP4 (panels 0.47-0.81x of them at 64 rows)
 BF16_GEMM_ROWS = 64
+BF16_GEMM_ROWS_NO_AMX = 192
 BF16_PANEL_BYTES = 2 << 20
 
 
