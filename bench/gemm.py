@@ -35,6 +35,7 @@ Writes bench/results/gemm.json (or --out). Reports figures, never asserts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -134,7 +135,7 @@ def variant_compare(kernels, matrices: dict, rows: list[int], repeats: int, vari
         if kinds is not None and w.kind not in kinds:
             continue
         copies = [w] if not from_memory else \
-            [BlockTensor(w.kind, w.data.copy(), w.cols, w.row_map) for _ in range(max(2, FROM_MEMORY_BYTES // w.data.nbytes))]
+            [dataclasses.replace(w, data=w.data.copy()) for _ in range(max(2, FROM_MEMORY_BYTES // w.data.nbytes))]
         lins = {side: [BlockLinear([c], None, k).matrix for c in copies] for side, k in sides.items()}
         out[name] = {}
         for n in rows:

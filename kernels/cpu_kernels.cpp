@@ -1420,11 +1420,11 @@ void segment_team(const BlockMatrix& m, const BlockSegment& s, int64_t row0, int
           if (g + 1 < g1) xtile<K, 2>(pass_weights(s, i), blocks, a, g, y);
           else xtile<K, 1>(pass_weights(s, i), blocks, a, g, y);
           const float bias = m.bias != nullptr ? m.bias[row0 + r] : 0.f;
-          for (int64_t i = 0; i < 2 && g + i < g1; ++i) {
+          for (int64_t gi = 0; gi < 2 && g + gi < g1; ++gi) {
             alignas(32) float v[8];
-            _mm256_store_ps(v, y[i]);
-            for (int64_t t = 0; t < 8 && 8 * (g + i) + t < n; ++t)
-              out[(8 * (g + i) + t) * m.rows + row0 + r] = m.bias != nullptr ? v[t] + bias : v[t];
+            _mm256_store_ps(v, y[gi]);
+            for (int64_t t = 0; t < 8 && 8 * (g + gi) + t < n; ++t)
+              out[(8 * (g + gi) + t) * m.rows + row0 + r] = m.bias != nullptr ? v[t] + bias : v[t];
           }
         }
     }
