@@ -9,7 +9,14 @@ on first use, so `import radixserve.radix` does not pull in the engine.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING
+
+# A CPU prefill's activations are tensors of tens to hundreds of MB (a 1B model's gate-up at 2,048
+# tokens: 134 MB), each a fresh mapping whose 4 KB pages fault in one by one. PyTorch backs large
+# tensors with huge pages when this is set before its first allocation (bench/gemm.py --prefill,
+# with THP_MEM_ALLOC_ENABLE=0 against the default)
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 _EXPORTS = {
     "Engine": "radixserve.runtime.engine",

@@ -125,11 +125,39 @@ void rope(T* x, int64_t row_stride, int64_t rows, int64_t heads, int64_t d, cons
     rope_row(x + r * row_stride, heads, d, cos + positions[r] * d, sin + positions[r] * d);
 }
 
-// out = T(T(silu(g)) * u) over `inter` values
+#if defined(__AVX2__) && defined(__FMA__)
+// exp2_fast on eight lanes, the same operations in the same order (no fused multiply-adds), so
+// that a value gives the same bits in either
+inline __m256 exp2_fast8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(127.0f));
+  const __m256 n = _mm256_floor_ps(_mm256_add_ps(x, _mm256_set1_ps(0.5f)));
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.525273380405984e-05f);
+  for (float c : {1.5403530393381606e-04f, 1.3333558146428443e-03f, 9.618129107628477e-03f, 5.550410866482158e-02f,
+                  2.402265069591007e-01f, 6.931471805599453e-01f, 1.0f})
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(c));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
+// out = T(T(silu(g)) * u) over `inter` values. float32 rows go eight at a time by hand (the
+// compiler left this loop scalar: a 2,048-token prefill spent 0.9 s of 12.8 in it on the 1B
+// Q4_K_M); the same bits as the scalar loop, which takes the rest
 template <class T>
 inline void silu_mul_row(const T* g, const T* u, T* out, int64_t inter) {
-#pragma omp simd
-  for (int64_t i = 0; i < inter; ++i) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (std::is_same<T, float>::value) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), log2e = _mm256_set1_ps(LOG2_E), one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= inter; i += 8) {
+      const __m256 a = _mm256_loadu_ps(g + i);
+      const __m256 e = exp2_fast8(_mm256_mul_ps(_mm256_xor_ps(a, sign), log2e));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+  }
+#endif
+  for (; i < inter; ++i) {
     const float a = to_f(g[i]);
     const T silu = from_f<T>(a / (1.0f + exp2_fast(-a * LOG2_E)));
     out[i] = from_f<T>(to_f(silu) * to_f(u[i]));

@@ -213,3 +213,12 @@ def test_silu_mul_equals_torch(dtype):
         assert torch.equal(got, want)
     else:   # exp2 polynomial vs libm exp: a few ulps
         torch.testing.assert_close(got, want, atol=1e-6, rtol=2e-6)
+
+
+def test_silu_mul_gives_the_same_bits_eight_values_at_a_time_as_one_at_a_time():
+    # a row of one value takes the scalar loop; a row of 1,029 takes eight lanes, then a tail of 5
+    g = torch.randn(1029, generator=torch.Generator().manual_seed(1)) * 30
+    u = torch.randn(1029, generator=torch.Generator().manual_seed(2))
+    wide = KERNELS.silu_mul(torch.cat([g, u]).view(1, -1))
+    one_by_one = KERNELS.silu_mul(torch.stack([g, u], dim=1))
+    assert torch.equal(wide.view(-1), one_by_one.view(-1))
