@@ -141,9 +141,8 @@ inline __m256 exp2_fast8(__m256 x) {
 }
 #endif
 
-// out = T(T(silu(g)) * u) over `inter` values. float32 rows go eight at a time by hand (the
-// compiler left this loop scalar: a 2,048-token prefill spent 0.9 s of 12.8 in it on the 1B
-// Q4_K_M); the same bits as the scalar loop, which takes the rest
+// out = T(T(silu(g)) * u) over `inter` values. float32 rows go eight at a time by hand (GCC left
+// this loop scalar, pragma or not), with the same bits as the scalar loop, which takes the rest
 template <class T>
 inline void silu_mul_row(const T* g, const T* u, T* out, int64_t inter) {
   int64_t i = 0;
@@ -1116,7 +1115,8 @@ inline __m256i chunk_of(__m256i lo, __m256i hi) {
 // int16 over the block's eight chunks (16 products of 15 * 127) before one multiply-add, MXFP4's
 // (of 24 * 127) over four; Q8_0's signed weights take their sign over to x, and each chunk its
 // multiply-add. With VNNI: one dpbusd a chunk (Q8_0's sign moved first), the same integers, in two
-// chains a group (even and odd chunks: one chain waited on each dpbusd's latency; Q8_0 1.05x)
+// chains a group (even and odd chunks: one chain waited on each dpbusd's latency; Q8_0 1.04-1.09x
+// against one chain, bench/gemm.py --against)
 template <class K, int G, int C>
 inline void lchunks(__m256i lo, __m256i hi, const int8_t* const* xb, __m256i* s16, __m256i* S) {
 #if RS_VNNI
