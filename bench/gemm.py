@@ -39,7 +39,6 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -122,10 +121,8 @@ def variant_compare(kernels, matrices: dict, rows: list[int], repeats: int, vari
     flag, built, other, kinds = VARIANTS[variant]
     with tempfile.TemporaryDirectory() as tmp:   # the loaded library outlives its file
         path = Path(tmp) / f"cpu_kernels_{other}.so"
-        if against is not None:
-            source = Path(tmp) / "cpu_kernels.cpp"   # built as the library is: -march=native and all
-            source.write_text(against.read_text())
-            subprocess.run([cpu_kernels._compiler(), *cpu_kernels.FLAGS, str(source), "-o", str(path)], check=True)
+        if against is not None:   # built as the library is: -march=native and all
+            cpu_kernels.build(path, cpu_kernels.FLAGS, against)
         else:
             cpu_kernels.build(path, cpu_kernels.FLAGS + [flag])
         before = cpu_kernels.CpuKernels(ctypes.CDLL(str(path)))

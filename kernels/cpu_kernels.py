@@ -67,14 +67,15 @@ def library_path() -> Path:
     return cache_dir() / f"cpu_kernels-{key}.so"
 
 
-def build(path: Path, flags: Sequence[str] = FLAGS) -> None:
-    """Compile into `path`; concurrent builders (test workers) each write their own file and
-    rename it into place, so that a reader never sees half a library."""
+def build(path: Path, flags: Sequence[str] = FLAGS, source: Path = SOURCE) -> None:
+    """Compile `source` (the kernels' own, or another version of it: bench/gemm.py --against) into
+    `path`; concurrent builders (test workers) each write their own file and rename it into place,
+    so that a reader never sees half a library."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
-        subprocess.run([_compiler(), *flags, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True,
+        subprocess.run([_compiler(), *flags, str(source), "-o", tmp], check=True, capture_output=True, text=True,
                        timeout=300)
         os.replace(tmp, path)
     finally:
