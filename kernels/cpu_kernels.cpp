@@ -1279,6 +1279,46 @@ inline void ktile(const uint8_t* w, int64_t nsb, const Acts& a, int64_t g, __m25
   for (int i = 0; i < G; ++i)
     y[i] = _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3]));
 }
+
+// Eight floats to bf16 as from_f<bf16> rounds them (to nearest even; a NaN stays a NaN)
+inline __m128i bf16_8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v), high = _mm256_srli_epi32(u, 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i even = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(high, _mm256_set1_epi32(1)));
+  const __m256i r = _mm256_blendv_epi8(_mm256_srli_epi32(_mm256_add_epi32(u, even), 16),
+                                       _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+// A block's weights as bf16: K::dequantize's operations, in its order, on eight lanes at a time,
+// the same bits (the compiler vectorised the scalar loops of the simpler types, not Q6_K's or
+// MXFP4's, whose panels then paid only from ~256 rows: bench/gemm.py --rows 64 128 192 256)
+template <class K>
+inline void dequantize_bf16(const uint8_t* p, bf16* o) {
+  Header<K::SUBS> h;
+  K::header(p, h);
+  for (int j = 0; j < K::SUBS; ++j) {
+    const __m256i w = weights(K{}, p, j);
+    for (int c = 0; c < 4; ++c) {
+      const __m128i half = c < 2 ? _mm256_castsi256_si128(w) : _mm256_extracti128_si256(w, 1);
+      const __m128i bytes = c % 2 == 0 ? half : _mm_srli_si128(half, 8);
+      const __m256i q = std::is_same<K, Q8_0>::value ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+      const auto f = [](__m256i i) { return _mm256_cvtepi32_ps(i); };
+      __m256 y;
+      if constexpr (std::is_same<K, Q4_0>::value) y = _mm256_mul_ps(_mm256_set1_ps(h.scale[0]), f(_mm256_sub_epi32(q, _mm256_set1_epi32(8))));
+      else if constexpr (std::is_same<K, MXFP4>::value)  // weights() gives kMxfp4[code] + 12
+        y = _mm256_mul_ps(_mm256_set1_ps(h.scale[0]), f(_mm256_sub_epi32(q, _mm256_set1_epi32(12))));
+      else if constexpr (std::is_same<K, Q8_0>::value) y = _mm256_mul_ps(_mm256_set1_ps(h.scale[0]), f(q));
+      else if constexpr (std::is_same<K, Q6_K>::value) {   // sub-scale 2k of the half for weights 0-15, 2k + 1 after
+        const float sc = h.d * float(int8_t(p[192 + 8 * (j / 4) + 2 * (j % 4) + c / 2]));
+        y = _mm256_mul_ps(_mm256_set1_ps(sc), f(_mm256_sub_epi32(q, _mm256_set1_epi32(32))));
+      } else {  // Q4_1: d * q + m; Q4_K / Q5_K: (d * sc) * q - dmin * m
+        y = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(h.scale[j]), f(q)), _mm256_set1_ps(h.zero[j]));
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 32 * j + 8 * c), bf16_8(y));
+    }
+  }
+}
 #else
 // the portable form of krow / lrow: weight row w against NT activation rows from t0
 template <class K, int NT>
@@ -1701,10 +1741,14 @@ void dequantize_panel_bf16(const BlockMatrix& m, int64_t r0, int64_t r1, bf16* o
     with_kind(s.kind, [&](auto k) {
       using K = decltype(k);
       constexpr int64_t per = QBLOCK * K::SUBS;
-      float y[per];
       for (int64_t b = 0; b < m.cols / per; ++b) {
+#if defined(__AVX2__) && defined(__FMA__)
+        dequantize_bf16<K>(row + b * K::BYTES, o + b * per);
+#else
+        float y[per];
         K::dequantize(row + b * K::BYTES, y);
         for (int64_t l = 0; l < per; ++l) o[b * per + l] = from_f<bf16>(y[l]);
+#endif
       }
     });
   }

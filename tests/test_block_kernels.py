@@ -26,9 +26,9 @@ def random_tensor(kind: str, rows: int, cols: int, seed: int) -> BlockTensor:
     return BlockTensor(kind, random_blocks(kind, rows, cols, np.random.default_rng(seed)), cols)
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
-def test_dequantised_rows_equal_the_gguf_reference_bit_for_bit(kind):
-    """Including extreme f16 scales (the largest, a subnormal, zero, negative) and all-zero blocks."""
+def extreme_tensor(kind: str) -> BlockTensor:
+    """12 rows of two blocks: extreme f16 scales (the largest, a subnormal, zero, negative) in rows
+    0-5, all-zero blocks in row 6."""
     rng = np.random.default_rng(1)
     per, nbytes = KINDS[kind][1:]
     data = random_blocks(kind, 12, 2 * per, rng)
@@ -39,7 +39,13 @@ def test_dequantised_rows_equal_the_gguf_reference_bit_for_bit(kind):
     if kind == "MXFP4":   # its exponent byte: the largest (weights overflow to inf), the subnormal two
         blocks[:6, 0, 0] = [255, 254, 1, 0, 127, 2]
     blocks[6] = 0
-    t = BlockTensor(kind, data, 2 * per)
+    return BlockTensor(kind, data, 2 * per)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_dequantised_rows_equal_the_gguf_reference_bit_for_bit(kind):
+    """Including extreme f16 scales and all-zero blocks (extreme_tensor)."""
+    t = extreme_tensor(kind)
     got = KERNELS.dequantize_rows(t, torch.arange(12)).numpy()
     assert np.array_equal(got.view(np.uint32), t.dequantize().view(np.uint32))
 
@@ -192,6 +198,13 @@ def test_a_bf16_panel_is_the_dequantised_rows_rounded_to_nearest_even(kind):
     m = block_matrix([t])
     want = torch.from_numpy(t.dequantize()).bfloat16()
     assert torch.equal(KERNELS.dequantize_panel_bf16(m, 2, 7), want[2:7])
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_bf16_panel_of_extreme_scales_is_the_dequantised_rows_rounded_to_nearest_even(kind):
+    t = extreme_tensor(kind)
+    want = torch.from_numpy(t.dequantize()).bfloat16()
+    assert torch.equal(KERNELS.dequantize_panel_bf16(block_matrix([t]), 0, 12).view(torch.int16), want.view(torch.int16))
 
 
 def test_bf16_panels_span_stacked_segments_and_row_maps():

@@ -52,9 +52,7 @@ class BlockLinear(Linear):
         super().__init__(None, None if bias is None else bias.float().contiguous())
         self.parts, self.kernels = list(parts), kernels
         self.matrix = block_matrix(self.parts, self.bias)   # the fused decode layers read it too
-        # Q6_K's bit planes take ~3x as long to dequantise: the GEMM pays from more rows
-        slow = any(p.kind == "Q6_K" for p in self.parts)
-        self.bf16_rows = None if bf16_gemm_rows is None else (2 * bf16_gemm_rows if slow else bf16_gemm_rows)
+        self.bf16_rows = bf16_gemm_rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.bf16_rows is not None and x.shape[0] >= self.bf16_rows:
@@ -77,10 +75,12 @@ class BlockLinear(Linear):
 
 # Rows from which a prefill's linear layers take the bf16 GEMM (where the platform has one), and the
 # weight panel each dequantises at a time (bench/gemm.py measures both). With AMX the GEMM pays
-# from 64 rows; with AVX512-BF16 alone (a Zen 4 EPYC) the int8 block kernels kept up to ~128 rows
-# for Q4_K, ~192 for Q4_0 and ~256 for Q6_K / MXFP4 (panels 0.47-0.81x of them at 64 rows)
+# from 64 rows; with AVX512-BF16 alone (a Zen 4 EPYC), panels over the int8 block kernels at 64 /
+# 128 / 192 rows: Q4_K 0.83 / 1.06 / 1.17x, Q6_K 0.82 / 1.14 / 1.16x, Q4_0 0.81 / 1.04 / 1.08x,
+# MXFP4 0.87 / 0.98 / 1.06x, Q8_0 1.15 / 1.39 / 1.75x (since the panels dequantise eight lanes at a
+# time; before, Q6_K's and MXFP4's scalar dequantisation moved their break-even past 192 rows)
 BF16_GEMM_ROWS = 64
-BF16_GEMM_ROWS_NO_AMX = 192
+BF16_GEMM_ROWS_NO_AMX = 128
 BF16_PANEL_BYTES = 2 << 20
 
 
