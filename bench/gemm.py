@@ -68,30 +68,42 @@ def made_matrix(kind: str, rows: int, cols: int) -> BlockTensor:
 
 
 def prefill_times(model, lengths: list[int], repeats: int) -> dict:
-    """Seconds to prefill a prompt (and sample one token), bf16 panels on and off, alternating."""
+    """Seconds to prefill a prompt (and sample one token) with each prefill GEMM the CPU has (the
+    kernels' int8 one, oneDNN's bf16 one over dequantised panels) and with none (the block
+    kernels), alternating."""
     from radixserve.runtime.config import EngineConfig
     from radixserve.runtime.engine import Engine
+    from radixserve.runtime.models.linear import BF16_GEMM_ROWS, INT8_GEMM_ROWS
     from radixserve.runtime.sampling_params import SamplingParams
 
     engine = Engine(EngineConfig(kv_cache_tokens=8192, model=model))
     linears = [lin for layer in engine.model.layers for lin in vars(layer).values() if isinstance(lin, BlockLinear)]
-    rows = {lin: lin.bf16_rows for lin in linears}
+    cpu = engine.platform
+    sides = {"off": (None, None)}
+    if cpu.kernels().int8_gemm:
+        sides["int8"] = ("int8", INT8_GEMM_ROWS)
+    if cpu.fast_bf16 and cpu.onednn_bf16:
+        sides["bf16"] = ("bf16", BF16_GEMM_ROWS)
     rng = np.random.default_rng(0)
-    out: dict = {"model": model or "default", "bf16_panels": engine.platform.fast_bf16}
+    out: dict = {"model": model or "default", "platform_prefill_gemm": cpu.prefill_gemm}
     for n in lengths:
         prompt = rng.integers(200, 40000, n).tolist()
-        times: dict[str, list[float]] = {"on": [], "off": []}
+        times: dict[str, list[float]] = {side: [] for side in sides}
         for r in range(repeats):
-            for side in (("on", "off") if r % 2 == 0 else ("off", "on")):
-                for lin in linears:
-                    lin.bf16_rows = rows[lin] if side == "on" else None
+            for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+                gemm, rows = sides[side]
+                for lin in linears:   # the int8 GEMM takes widths that are multiples of 256 only
+                    usable = gemm != "int8" or lin.matrix.cols % 256 == 0
+                    lin.prefill_gemm, lin.gemm_rows = (gemm, rows) if usable else (None, None)
                 engine.flush_cache()
                 t = time.perf_counter()
                 engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
                 times[side].append(time.perf_counter() - t)
         out[n] = {side: {"median_s": round(statistics.median(v), 3), "min_s": round(min(v), 3),
                          "max_s": round(max(v), 3)} for side, v in times.items()}
-        out[n]["speedup"] = round(out[n]["off"]["median_s"] / out[n]["on"]["median_s"], 2)
+        for side in sides:
+            if side != "off":
+                out[n][f"{side}_speedup"] = round(out[n]["off"]["median_s"] / out[n][side]["median_s"], 2)
         print("prefill", n, out[n], flush=True)
     engine.shutdown()
     return out
@@ -184,7 +196,8 @@ def main() -> None:
                 "gpt-oss expert (MXFP4 5760x2880)": made_matrix("MXFP4", 5760, 2880),
                 "gpt-oss expert (Q4_0 5760x2880)": made_matrix("Q4_0", 5760, 2880)}
     report = {"command": "bench/gemm.py " + " ".join(sys.argv[1:]), "machine": machine(),
-              "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "bf16_gemm_rows": cpu.bf16_gemm_rows, "matrices": {}}
+              "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "int8_gemm_available": kernels.int8_gemm,
+              "prefill_gemm": cpu.prefill_gemm, "gemm_rows": cpu.gemm_rows, "matrices": {}}
     if args.interleave:
         matrices["1B qkv (Q4_1 3072x2048)"] = made_matrix("Q4_1", 3072, 2048)
     if args.kinterleave:
@@ -203,7 +216,7 @@ def main() -> None:
                                           args.from_memory)
         args.skip_matrices = True
     for name, w in ({} if args.skip_matrices else matrices).items():
-        lin = BlockLinear([w], None, kernels, bf16_gemm_rows=1)
+        lin = BlockLinear([w], None, kernels, "bf16", 1)
         rows = {}
         for n in args.rows:
             x = torch.randn(n, w.cols)
@@ -212,6 +225,10 @@ def main() -> None:
             flop = 2 * w.rows * w.cols * n
             rows[n] = {"block_kernels_gflops": round(flop / blocks / 1e9, 1), "bf16_panels_gflops": round(flop / panels / 1e9, 1),
                        "panels_speedup": round(blocks / panels, 2)}
+            if kernels.int8_gemm and w.cols % 256 == 0:
+                int8 = median_s(lambda: kernels.block_gemm(x, lin.matrix), args.repeats, warmup=1)
+                rows[n].update({"int8_gemm_gflops": round(flop / int8 / 1e9, 1), "int8_over_blocks": round(blocks / int8, 2),
+                                "int8_over_panels": round(panels / int8, 2)})
             print(name, n, rows[n], flush=True)
         report["matrices"][name] = rows
     if args.prefill:

@@ -293,6 +293,11 @@ class CpuKernels:
                 self._fns[name, suffix] = fn
         self._block_linear = lib.rs_block_linear
         self._block_linear.argtypes, self._block_linear.restype = [ctypes.POINTER(BlockMatrix), ptr, i64, ptr], None
+        self._block_gemm = lib.rs_block_gemm
+        self._block_gemm.argtypes, self._block_gemm.restype = [ctypes.POINTER(BlockMatrix), ptr, i64, ptr], None
+        lib.rs_int8_gemm_available.restype = i64
+        # block_gemm's own int8 panels (a CPU with VNNI); else it is block_linear
+        self.int8_gemm = bool(lib.rs_int8_gemm_available())
         self._dequantize_rows = lib.rs_dequantize_rows
         self._dequantize_rows.argtypes = [ctypes.POINTER(BlockSegment), i64, ptr, i64, ptr]
         self._dequantize_rows.restype = None
@@ -380,6 +385,15 @@ class CpuKernels:
         assert x.dtype == torch.float32 and x.is_contiguous() and cols == m.cols
         out = torch.empty(n, m.rows)
         self._block_linear(ctypes.byref(m), x.data_ptr(), n, out.data_ptr())
+        return out
+
+    def block_gemm(self, x: torch.Tensor, m: BlockMatrix) -> torch.Tensor:
+        """block_linear for a prefill's many rows, on int8 panels of the weight (where `int8_gemm`;
+        cols a multiple of 256). Its rounding is its own: activations to int8 per 256 values."""
+        n, cols = x.shape
+        assert x.dtype == torch.float32 and x.is_contiguous() and cols == m.cols and cols % 256 == 0
+        out = torch.empty(n, m.rows)
+        self._block_gemm(ctypes.byref(m), x.data_ptr(), n, out.data_ptr())
         return out
 
     def dequantize_rows(self, t, ids: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from radixserve.runtime.cpu_tuning import cpu_flags, retain_freed_memory, zeroed_pages
-from radixserve.runtime.models.linear import (BF16_GEMM_ROWS, BF16_GEMM_ROWS_NO_AMX, BlockEmbedding, BlockLinear,
+from radixserve.runtime.models.linear import (BF16_GEMM_ROWS, INT8_GEMM_ROWS, BlockEmbedding, BlockLinear,
                                               CpuLinear, Embedding, Linear)
 from radixserve.runtime.models.quant import BlockTensor
 
@@ -216,9 +216,11 @@ class CpuPlatform(Platform):
         # oneDNN's bf16 weight reorder refuses CPUs without these (an AVX2-only EPYC, say)
         self.onednn_bf16 = torch.backends.mkldnn.is_available() and (
             {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags)
-        # rows from which a prefill's block-quantized matrices take the bf16 GEMM (None: never)
-        self.bf16_gemm_rows = None if not (self.fast_bf16 and self.onednn_bf16) else \
-            BF16_GEMM_ROWS if "amx_bf16" in flags else BF16_GEMM_ROWS_NO_AMX
+        # the GEMM a prefill's block-quantized matrices take, from how many rows (None: the block
+        # kernels at every size): AMX's bf16 tiles, else the kernels' int8 one where VNNI exists
+        vnni = ("avx512_vnni" in flags and "avx512vl" in flags) or "avx_vnni" in flags
+        self.prefill_gemm = "bf16" if "amx_bf16" in flags and self.onednn_bf16 else "int8" if vnni else None
+        self.gemm_rows = {"bf16": BF16_GEMM_ROWS, "int8": INT8_GEMM_ROWS, None: None}[self.prefill_gemm]
 
     def default_dtype(self, block_quantized: bool = False) -> torch.dtype:
         # block-quantized matrices run on the block kernels, whose activations are float32
@@ -262,7 +264,7 @@ class CpuPlatform(Platform):
     def linear(self, parts: Sequence, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Linear:
         kernels = self.kernels()
         if kernels is not None and all(isinstance(p, BlockTensor) for p in parts):
-            return BlockLinear(parts, bias, kernels, bf16_gemm_rows=self.bf16_gemm_rows)
+            return BlockLinear(parts, bias, kernels, self.prefill_gemm, self.gemm_rows)
         weight = self.dense(parts, dtype)
         return CpuLinear(weight, None if bias is None else bias.to(dtype),
                          onednn=weight.dtype == torch.bfloat16 and self.onednn_bf16)

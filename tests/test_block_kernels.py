@@ -222,7 +222,7 @@ def test_prefill_rows_through_bf16_panels_equal_the_float64_matmul_up_to_bf16_ro
 
     t = random_tensor(kind, 40, 2 * KINDS[kind][1], 5)
     bias = torch.randn(40)
-    lin = BlockLinear([t], bias, KERNELS, bf16_gemm_rows=BF16_GEMM_ROWS)
+    lin = BlockLinear([t], bias, KERNELS, "bf16", BF16_GEMM_ROWS)
     x = torch.randn(2 * BF16_GEMM_ROWS + 3, t.cols, generator=torch.Generator().manual_seed(6))
     got = lin(x).double()
     dense = torch.from_numpy(t.dequantize()).double()
@@ -236,6 +236,76 @@ def test_decode_rows_stay_on_the_block_kernels_where_a_bf16_gemm_exists():
     from radixserve.runtime.models.linear import BF16_GEMM_ROWS, BlockLinear
 
     t = random_tensor("Q4_1", 16, 64, 7)
-    lin = BlockLinear([t], None, KERNELS, bf16_gemm_rows=BF16_GEMM_ROWS)
+    lin = BlockLinear([t], None, KERNELS, "bf16", BF16_GEMM_ROWS)
     x = torch.randn(4, 64)
     assert torch.equal(lin(x), KERNELS.block_linear(x, lin.matrix))
+
+
+# ---- prefill rows: the int8 GEMM (kernels/cpu_kernels.cpp's block_gemm, CPUs with VNNI) ----------------
+needs_int8_gemm = pytest.mark.skipif(not KERNELS.int8_gemm, reason="block_gemm needs VNNI (AVX512-VNNI or AVX-VNNI)")
+
+
+def gemm_bound(x: torch.Tensor, t: BlockTensor) -> torch.Tensor:
+    """block_gemm rounds each activation to int8 per 256 values: half a step of 1/127 of their largest,
+    against all of W; plus float32 sums."""
+    top = x.double().abs().view(x.shape[0], -1, 256).amax(-1).repeat_interleave(256, dim=1)
+    dense = torch.from_numpy(t.dequantize()).double().abs()
+    return (top / 254) @ dense.t() + 1e-5 * (x.double().abs() @ dense.t())
+
+
+@needs_int8_gemm
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(sorted(KINDS)), rows=st.integers(1, 40), blocks=st.integers(1, 3),
+       tokens=st.sampled_from([1, 2, 3, 4, 5, 70]), seed=st.integers(0, 2**16))
+def test_block_gemm_equals_the_float64_matmul_up_to_activation_rounding(kind, rows, blocks, tokens, seed):
+    """Rows past a multiple of 16 fill a tile with padding; tokens past a multiple of four take a
+    narrower register tile."""
+    t = random_tensor(kind, rows, 256 * blocks, seed)
+    x = torch.randn(tokens, t.cols, generator=torch.Generator().manual_seed(seed + 1)) * 3
+    x[0, 0] = 40.0   # an outlier activation coarsens its own 256 only
+    got = KERNELS.block_gemm(x, block_matrix([t])).double()
+    want = x.double() @ torch.from_numpy(t.dequantize()).double().t()
+    assert got.shape == (tokens, rows)
+    assert ((got - want).abs() <= gemm_bound(x, t)).all()
+
+
+@needs_int8_gemm
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_each_row_of_a_block_gemm_equals_its_product_alone(kind):
+    """The same operations in the same order for a token whatever the tile it is in: batch invariant."""
+    t = random_tensor(kind, 21, 512, 0)
+    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(1))
+    batched = KERNELS.block_gemm(x, block_matrix([t]))
+    assert torch.equal(batched, torch.cat([KERNELS.block_gemm(x[i:i + 1], block_matrix([t])) for i in range(7)]))
+
+
+@needs_int8_gemm
+def test_block_gemm_of_stacked_segments_and_row_maps_equals_their_separate_products():
+    """q, k and v as Q4_K_M stores them (Q4_K, a row-mapped Q4_K, Q6_K), with a bias added after the sum."""
+    q, k, v = random_tensor("Q4_K", 34, 512, 0), random_tensor("Q4_K", 10, 512, 1), random_tensor("Q6_K", 6, 512, 2)
+    k = k.reordered(np.random.default_rng(3).permutation(10))
+    bias = torch.randn(50, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(3))
+    stacked = KERNELS.block_gemm(x, block_matrix([q, k, v], bias))
+    apart = torch.cat([KERNELS.block_gemm(x, block_matrix([p])) for p in (q, k, v)], dim=1)
+    assert torch.equal(stacked, apart + bias)
+
+
+@needs_int8_gemm
+def test_prefill_rows_take_the_int8_gemm_and_decode_rows_the_block_kernels():
+    from radixserve.runtime.models.linear import INT8_GEMM_ROWS, BlockLinear
+
+    t = random_tensor("Q4_K", 24, 512, 8)
+    lin = BlockLinear([t], None, KERNELS, "int8", INT8_GEMM_ROWS)
+    prefill, decode = torch.randn(INT8_GEMM_ROWS, 512), torch.randn(INT8_GEMM_ROWS - 1, 512)
+    assert torch.equal(lin(prefill), KERNELS.block_gemm(prefill, lin.matrix))
+    assert torch.equal(lin(decode), KERNELS.block_linear(decode, lin.matrix))
+
+
+def test_a_matrix_whose_width_is_no_multiple_of_256_stays_on_the_block_kernels():
+    from radixserve.runtime.models.linear import INT8_GEMM_ROWS, BlockLinear
+
+    t = random_tensor("Q8_0", 24, 288, 8)
+    lin = BlockLinear([t], None, KERNELS, "int8", INT8_GEMM_ROWS)
+    x = torch.randn(INT8_GEMM_ROWS, 288)
+    assert lin.prefill_gemm is None and torch.equal(lin(x), KERNELS.block_linear(x, lin.matrix))
