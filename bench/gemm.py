@@ -1,7 +1,8 @@
-"""The two ways a block-quantized linear layer runs on the CPU, side by side: the block kernels
-(int8 activations, the weight read as the file holds it) and, where the CPU has AMX or AVX512-BF16,
-weight panels dequantised to bf16 and multiplied by oneDNN's bf16 GEMM (runtime/models/linear.py).
-Rows alternate between the two; each figure is the median of --repeats timings.
+"""The ways a block-quantized linear layer runs on the CPU, side by side: the block kernels (int8
+activations, the weight read as the file holds it); where the CPU has VNNI, the kernels' int8 GEMM
+on repacked panels of the weight (block_gemm, widths that are multiples of 256); and weight panels
+dequantised to bf16 and multiplied by oneDNN's bf16 GEMM (runtime/models/linear.py picks per
+platform). Each figure is the median of --repeats timings.
 
 Matrices: the default model's MLP (Q4_1, 1536 x 576 and 576 x 1536), 1B-shaped ones of each
 block type and a gpt-oss-20b expert's gate and up in MXFP4 and Q4_0, made here (random weights,
@@ -22,7 +23,8 @@ so that its bytes come from memory, as a decode step's do on a model of 1B param
 figures are then also given in GB/s of weights.
 
 With --prefill, also an engine's prefill time (a prompt of each length, cache flushed, one token
-out) on the default model or --model, with the bf16 panels on and off, alternating.
+out) on the default model or --model, with each prefill GEMM the CPU has and with none (the block
+kernels), alternating.
 
 Writes bench/results/gemm.json (or --out). Reports figures, never asserts.
 
@@ -73,28 +75,28 @@ def prefill_times(model, lengths: list[int], repeats: int) -> dict:
     kernels), alternating."""
     from radixserve.runtime.config import EngineConfig
     from radixserve.runtime.engine import Engine
-    from radixserve.runtime.models.linear import BF16_GEMM_ROWS, INT8_GEMM_ROWS
+    from radixserve.runtime.cpu_tuning import cpu_flags
+    from radixserve.runtime.models.linear import BF16_GEMM_ROWS, BF16_GEMM_ROWS_NO_AMX, INT8_GEMM_ROWS
     from radixserve.runtime.sampling_params import SamplingParams
 
     engine = Engine(EngineConfig(kv_cache_tokens=8192, model=model))
     linears = [lin for layer in engine.model.layers for lin in vars(layer).values() if isinstance(lin, BlockLinear)]
     cpu = engine.platform
-    sides = {"off": (None, None)}
+    bf16_rows = BF16_GEMM_ROWS if "amx_bf16" in cpu_flags() else BF16_GEMM_ROWS_NO_AMX
+    sides = {"off": []}   # the GEMMs each side offers the matrices: as the platform does, bf16 alone, none
     if cpu.kernels().int8_gemm:
-        sides["int8"] = ("int8", INT8_GEMM_ROWS)
+        sides["int8"] = [("int8", INT8_GEMM_ROWS)] + ([("bf16", bf16_rows)] if cpu.fast_bf16 and cpu.onednn_bf16 else [])
     if cpu.fast_bf16 and cpu.onednn_bf16:
-        sides["bf16"] = ("bf16", BF16_GEMM_ROWS)
+        sides["bf16"] = [("bf16", bf16_rows)]
     rng = np.random.default_rng(0)
-    out: dict = {"model": model or "default", "platform_prefill_gemm": cpu.prefill_gemm}
+    out: dict = {"model": model or "default", "platform_prefill_gemms": cpu.prefill_gemms}
     for n in lengths:
         prompt = rng.integers(200, 40000, n).tolist()
         times: dict[str, list[float]] = {side: [] for side in sides}
         for r in range(repeats):
             for side in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-                gemm, rows = sides[side]
-                for lin in linears:   # the int8 GEMM takes widths that are multiples of 256 only
-                    usable = gemm != "int8" or lin.matrix.cols % 256 == 0
-                    lin.prefill_gemm, lin.gemm_rows = (gemm, rows) if usable else (None, None)
+                for lin in linears:
+                    lin.choose(sides[side])
                 engine.flush_cache()
                 t = time.perf_counter()
                 engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
@@ -197,7 +199,7 @@ def main() -> None:
                 "gpt-oss expert (Q4_0 5760x2880)": made_matrix("Q4_0", 5760, 2880)}
     report = {"command": "bench/gemm.py " + " ".join(sys.argv[1:]), "machine": machine(),
               "bf16_gemm_available": cpu.fast_bf16 and cpu.onednn_bf16, "int8_gemm_available": kernels.int8_gemm,
-              "prefill_gemm": cpu.prefill_gemm, "gemm_rows": cpu.gemm_rows, "matrices": {}}
+              "prefill_gemms": cpu.prefill_gemms, "matrices": {}}
     if args.interleave:
         matrices["1B qkv (Q4_1 3072x2048)"] = made_matrix("Q4_1", 3072, 2048)
     if args.kinterleave:
@@ -216,7 +218,7 @@ def main() -> None:
                                           args.from_memory)
         args.skip_matrices = True
     for name, w in ({} if args.skip_matrices else matrices).items():
-        lin = BlockLinear([w], None, kernels, "bf16", 1)
+        lin = BlockLinear([w], None, kernels, [("bf16", 1)])
         rows = {}
         for n in args.rows:
             x = torch.randn(n, w.cols)

@@ -1762,8 +1762,10 @@ void dequantize_panel_bf16(const BlockMatrix& m, int64_t r0, int64_t r1, bf16* o
 // weight rows runs one dpbusd a chunk, each token's four values broadcast. Per block the int32
 // sums take their float scale (and zero) in two or three operations; the activations carry one
 // scale per super-block of 256 (llama.cpp's Q8_K), which multiplies once per eight blocks.
-// ~640 GOP/s with zeros (Q4_K), ~730 without (Q8_0), against ~420 GFLOP/s for oneDNN's bf16 GEMM
-// on a 2-core Zen 4 EPYC (bench/gemm.py --prefill). Its rounding is its own, as the bf16 panels'.
+// On a 2-core Zen 4 EPYC, 1.2-1.6x oneDNN's bf16 GEMM over dequantised panels and 1.2-2.4x the
+// block tiles from 64 rows (bench/gemm.py --rows 64 128 512); a 1B-shaped Q4_K_M's prefill of 2,000
+// tokens 15.1 -> 12.0 s against the bf16 panels (bench/gemm.py --prefill 2000 --model ...). Its
+// rounding is its own, as the bf16 panels' is.
 //
 // dpbusd multiplies u8 by s8: the activations go in as u8 (int8 + 128) and each block's sum starts
 // from -128 * (its weights' sum), so the int32 sums are those of the signed values, exactly.
@@ -1882,7 +1884,8 @@ inline void gemm_tile(const uint8_t* tile, int64_t nb, const GemmActs& a, int64_
         __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(tb + TB_W + 64 * cc));
         __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(tb + TB_W + 64 * cc + 32));
         // in registers: GCC otherwise folds the loads into every token's dpbusd, and the tile then
-        // waits on three loads a multiply (~370 against ~450 GOP/s on Q8_0, bench/gemm.py)
+        // waits on 1.5 loads a multiply (Q8_0 3072 x 2048 at 2,048 rows: ~350 against ~560 GOP/s,
+        // bench/gemm.py --rows 2048)
         asm("" : "+v"(w0), "+v"(w1));
         for (int t = 0; t < MT; ++t) {
           int32_t v;

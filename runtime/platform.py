@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from radixserve.runtime.cpu_tuning import cpu_flags, retain_freed_memory, zeroed_pages
-from radixserve.runtime.models.linear import (BF16_GEMM_ROWS, INT8_GEMM_ROWS, BlockEmbedding, BlockLinear,
+from radixserve.runtime.models.linear import (BF16_GEMM_ROWS, BF16_GEMM_ROWS_NO_AMX, INT8_GEMM_ROWS, BlockEmbedding, BlockLinear,
                                               CpuLinear, Embedding, Linear)
 from radixserve.runtime.models.quant import BlockTensor
 
@@ -216,11 +216,14 @@ class CpuPlatform(Platform):
         # oneDNN's bf16 weight reorder refuses CPUs without these (an AVX2-only EPYC, say)
         self.onednn_bf16 = torch.backends.mkldnn.is_available() and (
             {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags)
-        # the GEMM a prefill's block-quantized matrices take, from how many rows (None: the block
-        # kernels at every size): AMX's bf16 tiles, else the kernels' int8 one where VNNI exists
+        # the GEMMs a prefill's block-quantized matrices may take, first choice first, and from how
+        # many rows (none: the block kernels at every size): AMX's bf16 tiles; else the kernels'
+        # int8 one where VNNI exists, with bf16 panels for the widths it does not take
         vnni = ("avx512_vnni" in flags and "avx512vl" in flags) or "avx_vnni" in flags
-        self.prefill_gemm = "bf16" if "amx_bf16" in flags and self.onednn_bf16 else "int8" if vnni else None
-        self.gemm_rows = {"bf16": BF16_GEMM_ROWS, "int8": INT8_GEMM_ROWS, None: None}[self.prefill_gemm]
+        bf16 = self.fast_bf16 and self.onednn_bf16
+        self.prefill_gemms: list[tuple[str, int]] = \
+            [("bf16", BF16_GEMM_ROWS)] if bf16 and "amx_bf16" in flags else \
+            ([("int8", INT8_GEMM_ROWS)] if vnni else []) + ([("bf16", BF16_GEMM_ROWS_NO_AMX)] if bf16 else [])
 
     def default_dtype(self, block_quantized: bool = False) -> torch.dtype:
         # block-quantized matrices run on the block kernels, whose activations are float32
@@ -264,7 +267,7 @@ class CpuPlatform(Platform):
     def linear(self, parts: Sequence, bias: Optional[torch.Tensor], dtype: torch.dtype) -> Linear:
         kernels = self.kernels()
         if kernels is not None and all(isinstance(p, BlockTensor) for p in parts):
-            return BlockLinear(parts, bias, kernels, self.prefill_gemm, self.gemm_rows)
+            return BlockLinear(parts, bias, kernels, self.prefill_gemms)
         weight = self.dense(parts, dtype)
         return CpuLinear(weight, None if bias is None else bias.to(dtype),
                          onednn=weight.dtype == torch.bfloat16 and self.onednn_bf16)

@@ -222,7 +222,7 @@ def test_prefill_rows_through_bf16_panels_equal_the_float64_matmul_up_to_bf16_ro
 
     t = random_tensor(kind, 40, 2 * KINDS[kind][1], 5)
     bias = torch.randn(40)
-    lin = BlockLinear([t], bias, KERNELS, "bf16", BF16_GEMM_ROWS)
+    lin = BlockLinear([t], bias, KERNELS, [("bf16", BF16_GEMM_ROWS)])
     x = torch.randn(2 * BF16_GEMM_ROWS + 3, t.cols, generator=torch.Generator().manual_seed(6))
     got = lin(x).double()
     dense = torch.from_numpy(t.dequantize()).double()
@@ -236,7 +236,7 @@ def test_decode_rows_stay_on_the_block_kernels_where_a_bf16_gemm_exists():
     from radixserve.runtime.models.linear import BF16_GEMM_ROWS, BlockLinear
 
     t = random_tensor("Q4_1", 16, 64, 7)
-    lin = BlockLinear([t], None, KERNELS, "bf16", BF16_GEMM_ROWS)
+    lin = BlockLinear([t], None, KERNELS, [("bf16", BF16_GEMM_ROWS)])
     x = torch.randn(4, 64)
     assert torch.equal(lin(x), KERNELS.block_linear(x, lin.matrix))
 
@@ -296,16 +296,17 @@ def test_prefill_rows_take_the_int8_gemm_and_decode_rows_the_block_kernels():
     from radixserve.runtime.models.linear import INT8_GEMM_ROWS, BlockLinear
 
     t = random_tensor("Q4_K", 24, 512, 8)
-    lin = BlockLinear([t], None, KERNELS, "int8", INT8_GEMM_ROWS)
+    lin = BlockLinear([t], None, KERNELS, [("int8", INT8_GEMM_ROWS)])
     prefill, decode = torch.randn(INT8_GEMM_ROWS, 512), torch.randn(INT8_GEMM_ROWS - 1, 512)
     assert torch.equal(lin(prefill), KERNELS.block_gemm(prefill, lin.matrix))
     assert torch.equal(lin(decode), KERNELS.block_linear(decode, lin.matrix))
 
 
-def test_a_matrix_whose_width_is_no_multiple_of_256_stays_on_the_block_kernels():
-    from radixserve.runtime.models.linear import INT8_GEMM_ROWS, BlockLinear
+def test_a_matrix_whose_width_is_no_multiple_of_256_takes_the_next_gemm_the_platform_offers():
+    from radixserve.runtime.models.linear import BF16_GEMM_ROWS, INT8_GEMM_ROWS, BlockLinear
 
     t = random_tensor("Q8_0", 24, 288, 8)
-    lin = BlockLinear([t], None, KERNELS, "int8", INT8_GEMM_ROWS)
+    assert BlockLinear([t], None, KERNELS, [("int8", INT8_GEMM_ROWS)]).prefill_gemm is None
+    lin = BlockLinear([t], None, KERNELS, [("int8", INT8_GEMM_ROWS), ("bf16", BF16_GEMM_ROWS)])
     x = torch.randn(INT8_GEMM_ROWS, 288)
-    assert lin.prefill_gemm is None and torch.equal(lin(x), KERNELS.block_linear(x, lin.matrix))
+    assert lin.prefill_gemm == "bf16" and torch.equal(lin(x), lin._bf16_panels(x))

@@ -40,25 +40,30 @@ class BlockLinear(Linear):
     float32's 4, and no float copy of the weights exists. Activations are float32 (the kernels
     round them to int8 per block of 32).
 
-    A prefill chunk (`gemm_rows` rows or more, where the platform gives them) goes another way,
-    the platform's `prefill_gemm`:
+    A prefill chunk goes another way where the platform has one: `gemms`, (name, from how many
+    rows) in the platform's order of preference, the first this matrix can take:
     - "int8" (a CPU with VNNI and no AMX): the kernels' own GEMM on int8 panels of the weight,
       repacked while every row passes (kernels/cpu_kernels.cpp's block_gemm), where the matrix's
       width is a multiple of 256;
-    - "bf16" (AMX): panels dequantised to bf16 a few MB at a time and multiplied by oneDNN's bf16
-      GEMM: 2.5x the block kernels at 64 rows, 3-6x at 512 on a 2-core AMX Xeon (bench/gemm.py).
+    - "bf16" (AMX, or AVX512-BF16 for the widths the int8 GEMM does not take): panels dequantised
+      to bf16 a few MB at a time and multiplied by oneDNN's bf16 GEMM: 2.5x the block kernels at
+      64 rows, 3-6x at 512 on a 2-core AMX Xeon (bench/gemm.py).
     Either rounds differently from the block kernels; decode steps, a few rows each, stay on them."""
     quantized = True
 
-    def __init__(self, parts: Sequence, bias: Optional[torch.Tensor], kernels, prefill_gemm: Optional[str] = None,
-                 gemm_rows: Optional[int] = None):
+    def __init__(self, parts: Sequence, bias: Optional[torch.Tensor], kernels,
+                 gemms: Sequence[tuple[str, int]] = ()):
         from radixserve.kernels.cpu_kernels import block_matrix
         super().__init__(None, None if bias is None else bias.float().contiguous())
         self.parts, self.kernels = list(parts), kernels
         self.matrix = block_matrix(self.parts, self.bias)   # the fused decode layers read it too
-        if prefill_gemm == "int8" and not (kernels.int8_gemm and self.matrix.cols % 256 == 0):
-            prefill_gemm = None
-        self.prefill_gemm, self.gemm_rows = prefill_gemm, gemm_rows
+        self.choose(gemms)
+
+    def choose(self, gemms: Sequence[tuple[str, int]]) -> None:
+        """The first of `gemms` this matrix can take (none: the block kernels at every size)."""
+        usable = [(name, rows) for name, rows in gemms
+                  if name != "int8" or (self.kernels.int8_gemm and self.matrix.cols % 256 == 0)]
+        self.prefill_gemm, self.gemm_rows = usable[0] if usable else (None, None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.prefill_gemm is not None and x.shape[0] >= self.gemm_rows:
@@ -82,11 +87,14 @@ class BlockLinear(Linear):
 
 
 # Rows from which a prefill's linear layers take the platform's GEMM, and the weight panel the bf16
-# one dequantises at a time (bench/gemm.py measures them). With AMX the bf16 GEMM pays from 64 rows.
+# one dequantises at a time (bench/gemm.py measures them). With AMX the bf16 GEMM pays from 64 rows,
+# with AVX512-BF16 alone from ~128 (panels / blocks at 64 / 128 / 192 rows on a Zen 4 EPYC: Q4_K
+# 0.83 / 1.06 / 1.17x, Q8_0 1.15 / 1.39 / 1.75x).
 # On a 2-core Zen 4 EPYC (VNNI, AVX512-BF16, no AMX), the int8 GEMM over the block kernels at 32 /
 # 48 / 64 rows: Q4_K 0.73 / 0.96 / 1.21x, Q6_K 0.94 / 1.18 / 1.42x, Q8_0 0.97 / 2.25 / 1.99x; over
 # the bf16 panels 1.2-1.6x from 64 rows to 512
 BF16_GEMM_ROWS = 64
+BF16_GEMM_ROWS_NO_AMX = 128
 INT8_GEMM_ROWS = 64
 BF16_PANEL_BYTES = 2 << 20
 
