@@ -1402,6 +1402,15 @@ inline void block_isums(const int8_t* qb, int16_t* halves) {
 #endif
 }
 
+// 256 values (a K-quant super-block's span) to int8 under their largest magnitude `top`, and the
+// sums of each block's halves (halves[2b], halves[2b + 1])
+inline void round_group(const float* x, float top, int8_t* q, int16_t* halves) {
+  for (int64_t b = 0; b < QK / QBLOCK; ++b) {
+    round_block(x + b * QBLOCK, top > 0.f ? 127.0f / top : 0.f, q + b * QBLOCK);
+    block_isums(q + b * QBLOCK, halves + 2 * b);
+  }
+}
+
 // Block types, as runtime/models/quant.py numbers them
 enum BlockKind : int64_t {
   KIND_Q4_0 = 0, KIND_Q4_1 = 1, KIND_Q8_0 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4, KIND_Q6_K = 5, KIND_MXFP4 = 6
@@ -1688,12 +1697,12 @@ struct QuantizedRows {
       xsum[b] = xscale[b] * float(halves[0] + halves[1]);
       top[(c / QBLOCK) % (QK / QBLOCK)] = t;
       if (cols % QK == 0 && (c + QBLOCK) % QK == 0) {
+        const int64_t g = c + QBLOCK - QK;
         const float t256 = *std::max_element(top, top + QK / QBLOCK);
-        for (int64_t cc = c + QBLOCK - QK; cc <= c; cc += QBLOCK) {
-          round_block(x + cc, t256 > 0.f ? 127.0f / t256 : 0.f, xq256 + r * cols + cc);
-          int16_t* halves = xb16 + 2 * (r * nb + cc / QBLOCK);
-          block_isums(xq256 + r * cols + cc, halves);
-          xbsum256[r * nb + cc / QBLOCK] = int16_t(halves[0] + halves[1]);
+        round_group(x + g, t256, xq256 + r * cols + g, xb16 + 2 * (r * nb + g / QBLOCK));
+        for (int64_t b = 0; b < QK / QBLOCK; ++b) {
+          const int16_t* halves = xb16 + 2 * (r * nb + g / QBLOCK + b);
+          xbsum256[r * nb + g / QBLOCK + b] = int16_t(halves[0] + halves[1]);
         }
         xscale256[r * (cols / QK) + c / QK] = t256 / 127.0f;
       }
@@ -1847,15 +1856,12 @@ inline void gemm_quantize_row(const float* x, int64_t cols, uint8_t* xu, float* 
   for (int64_t c = 0; c < cols; c += QK) {
     float top = 0.f;
     for (int64_t b = 0; b < QK; b += QBLOCK) top = std::max(top, block_top(x + c + b));
-    const float inv = top > 0.f ? 127.0f / top : 0.f;
-    for (int64_t b = 0; b < QK; b += QBLOCK) {
-      int8_t* qb = reinterpret_cast<int8_t*>(xu + c + b);
-      round_block(x + c + b, inv, qb);
-      int16_t halves[2];
-      block_isums(qb, halves);
-      isum[(c + b) / QBLOCK] = float(halves[0] + halves[1]);
-      const __m256i v = load32(xu + c + b);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xu + c + b), _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80))));
+    int16_t halves[2 * QK / QBLOCK];
+    round_group(x + c, top, reinterpret_cast<int8_t*>(xu + c), halves);
+    for (int64_t b = 0; b < QK / QBLOCK; ++b) {
+      isum[c / QBLOCK + b] = float(halves[2 * b] + halves[2 * b + 1]);
+      const __m256i v = load32(xu + c + b * QBLOCK);  // int8 + 128, as u8
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xu + c + b * QBLOCK), _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80))));
     }
     scale[c / QK] = top / 127.0f;
   }
@@ -1877,9 +1883,8 @@ inline void gemm_tile(const uint8_t* tile, int64_t nb, const GemmActs& a, int64_
     for (int half = 0; half < (gemm_halves<K> ? 2 : 1); ++half) {
       const __m256i s0 = _mm256_load_si256(start + 2 * half), s1 = _mm256_load_si256(start + 2 * half + 1);
       for (int t = 0; t < MT; ++t) acc[t][0] = s0, acc[t][1] = s1;
-      constexpr int C0 = 0, C1 = gemm_halves<K> ? 4 : 8;
 #pragma GCC unroll 8
-      for (int c = C0; c < C1; ++c) {
+      for (int c = 0; c < (gemm_halves<K> ? 4 : 8); ++c) {
         const int cc = c + 4 * half;
         __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(tb + TB_W + 64 * cc));
         __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(tb + TB_W + 64 * cc + 32));
@@ -1937,10 +1942,7 @@ inline void gemm_tiles(int64_t mt, const uint8_t* tile, int64_t nb, const GemmAc
 }
 
 // Weight rows a panel repacks at a time: its tiles stay in L2 while every token passes them
-#ifndef RS_GEMM_PANEL_BYTES
-#define RS_GEMM_PANEL_BYTES (256 << 10)
-#endif
-constexpr int64_t GEMM_PANEL_BYTES = RS_GEMM_PANEL_BYTES;
+constexpr int64_t GEMM_PANEL_BYTES = 256 << 10;
 
 // out [n, m.rows] = x [n, m.cols] times the weight^T (+ bias); m.cols a multiple of 256
 void block_gemm(const BlockMatrix& m, const float* x, int64_t n, float* out) {
