@@ -1056,9 +1056,11 @@ inline __m256i k4_header2(const uint8_t* p0, const uint8_t* p1) {
 // into acc[t] (lane k: super-block s0 + k). Each super-block's integer dot S (sub-scales applied)
 // and Q4_K / Q5_K's mins term M (their int8 block sums times the mins) are reduced for the group
 // at once, a super-block a lane, before k4_terms' float operations. Q4_K / Q5_K headers are
-// unpacked two at a time; a super-block's sub-blocks go in two chains (even, odd), so that VNNI's
-// multiply-accumulate does not wait on itself. 1.25x the one-header-at-a-time form on a Zen 4
-// EPYC, 1.15x with AVX2 alone (one token, a 1B-shaped Q4_K row of 2,048; bench/gemm.py --one-row)
+// unpacked two at a time; the sub-scales are multiplied in with VNNI's dpwssd where the CPU has it
+// (one instruction, not madd + add). Against one header at a time, on a Zen 4 EPYC: 1B-
+// and 8B-shaped Q4_K 1.2-1.26x at 1-4 tokens from cache, 1.13 / 1.27x at one token from memory;
+// Q6_K 1.0-1.17x (bench/gemm.py --rows 1 2 4 --against <the source before> [--from-memory]);
+// built for AVX2 alone, a /tmp harness of one Q4_K row gave ~1.15x at one token, parity at four
 template <class K, int NT, int Q>
 inline void krow_group(const uint8_t* w, int64_t s0, const Acts& a, int64_t t0, __m128* acc) {
   const int64_t cols = a.cols, nb = cols / QBLOCK, nsb = cols / QK;
