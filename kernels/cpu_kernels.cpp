@@ -405,6 +405,22 @@ struct PagedDecode {
   float scale;
 };
 
+// Rows [0, n) of `bytes` each read once, a load a cache line, in order: the memory streams them
+// (a row at a time into L1, then L2), where strided reads of a slice each would wait
+template <class T>
+inline void read_rows(const T* const* rows, int64_t n, int64_t bytes) {
+  uint64_t sink = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const char* r = reinterpret_cast<const char*>(rows[j]);
+    for (int64_t o = 0; o < bytes; o += 64) {
+      uint64_t v;
+      std::memcpy(&v, r + o, 8);
+      sink ^= v;
+    }
+  }
+  asm volatile("" : : "r"(sink));
+}
+
 // Called by every thread of a team (the loops are orphaned worksharing constructs): q [rows,
 // heads, d] with rows q_stride apart -> out [rows, heads, d], against layer `layer`'s caches.
 // sinks (or null): [heads] logits that join each head's softmax and weigh no value (gpt-oss), at
@@ -429,28 +445,20 @@ void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int6
       const T* qm = q + int64_t(p.members[m0 + m]) * q_stride;
       for (int64_t i = 0; i < heads * d; ++i) qf[m * heads * d + i] = to_f(qm[i]) * scale2;
     }
-    // the item's whole K/V rows asked for at once (up to half of L2): each KV head's pass below
-    // reads a slice of every row, which the hardware prefetcher follows poorly (attention's share
-    // of a step at one user, 130 / 3,000 tokens, fell ~10-25% in alternating runs of a stage-timed
-    // build; bench/decode_step.py times the whole step)
-    const int64_t ahead = std::min<int64_t>(n, (256 << 10) / (2 * width * int64_t(sizeof(T))));
-    for (int64_t j = 0; j < ahead; ++j) {
-      const int64_t t = start + j, slot = pages[t / p.page_size] * p.page_size + t % p.page_size;
-      const char* kr = reinterpret_cast<const char*>(k_cache + slot * width);
-      const char* vr = reinterpret_cast<const char*>(v_cache + slot * width);
-      for (int64_t o = 0; o < width * int64_t(sizeof(T)); o += 64) {
-        __builtin_prefetch(kr + o, 0, 2);
-        __builtin_prefetch(vr + o, 0, 2);
-      }
-    }
-    for (int64_t g = 0; g < p.kv_heads; ++g) {
+    // the item's K rows read once, in order, before any KV head's pass (each pass reads 256 bytes
+    // of every 2 KB row, which left the loads waiting on memory one stride at a time: attention ran
+    // at ~10 GB/s of K/V, a third of a plain read's; asking for the rows with prefetches at the
+    // item's start did no better), then its V rows likewise before the values: the passes then
+    // read L2. A 1B step's attention (16 layers), 1.8 -> 1.0-1.4 ms at 170 tokens and 4.6 -> 2.9 ms
+    // at 600, the same bits (alternating runs of a stage-timed /tmp build of the fused layer)
+    const auto rows_of = [&](const T* cache, int64_t g, const T** out) {
       for (int64_t j = 0; j < n; ++j) {
         const int64_t t = start + j, slot = pages[t / p.page_size] * p.page_size + t % p.page_size;
-        k_rows[j] = k_cache + slot * width + g * d;
-        v_rows[j] = v_cache + slot * width + g * d;
+        out[j] = cache + slot * width + g * d;
       }
-      // the queries reading this KV head: every member's heads of its group, in tiles of four
-      const int64_t nq = nm * group;
+    };
+    const int64_t nq = nm * group;  // the queries reading a KV head: every member's heads of its group
+    const auto tiles = [&](int64_t g, auto&& f) {  // in tiles of four
       for (int64_t i0 = 0; i0 < nq; i0 += 4) {
         const int64_t qt = std::min<int64_t>(4, nq - i0);
         const float* qs[4];
@@ -462,10 +470,25 @@ void decode_attention_team(const PagedDecode& p, int64_t layer, const T* q, int6
           ss[i] = scores + (m * heads + h) * n;
           parts[i] = p.partials + ((m0 + m) * heads + h) * pw;
         }
+        f(qt, qs, ss, parts);
+      }
+    };
+    rows_of(k_cache, 0, k_rows);
+    read_rows(k_rows, n, width * int64_t(sizeof(T)));
+    for (int64_t g = 0; g < p.kv_heads; ++g) {
+      rows_of(k_cache, g, k_rows);
+      tiles(g, [&](int64_t qt, const float* const* qs, float* const* ss, float* const* parts) {
         tile_scores(qt, qs, k_rows, n, d, ss);
         for (int64_t i = 0; i < qt; ++i) softmax_weights(ss[i], n, parts[i] + d, parts[i] + d + 1);
+      });
+    }
+    rows_of(v_cache, 0, v_rows);
+    read_rows(v_rows, n, width * int64_t(sizeof(T)));
+    for (int64_t g = 0; g < p.kv_heads; ++g) {
+      rows_of(v_cache, g, v_rows);
+      tiles(g, [&](int64_t qt, const float* const*, float* const* ss, float* const* parts) {
         tile_values(qt, const_cast<const float* const*>(ss), v_rows, n, d, parts);
-      }
+      });
     }
   }
   std::free(k_rows);
