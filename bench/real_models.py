@@ -10,6 +10,12 @@ Writes bench/results/real_models.json and prints a table. Never asserts anything
     .venv/bin/python bench/real_models.py --models bench/models/llama-1b-Q4_K_M.gguf --rounds 2
     .venv/bin/python bench/real_models.py --models ... --rounds 5 --load-only   # start-up alone
     .venv/bin/python bench/real_models.py --models bench/models/llama-8b-Q4_K_M.gguf --cells "short c=1"
+    .venv/bin/python bench/real_models.py --models bench/models/llama-1b-Q4_K_M.gguf --paired 8
+
+--paired N: the one-stream cell alone, both servers up at once (one idle while the other serves),
+N times each in alternation: on a machine whose speed drifts by more than the gap between the
+systems from one minute to the next, each pair of runs meets the same minute, and the median of
+the pairs' ratios says more than two rounds of whole sittings.
 """
 from __future__ import annotations
 
@@ -72,6 +78,33 @@ def measure(system: compare.System, model: str, port: int, max_tokens: int, seed
     return out
 
 
+def paired(systems: list[compare.System], model: str, port: int, max_tokens: int, n: int, logs: Path) -> dict:
+    """The one-stream cell of each system n times, alternating, every server up throughout."""
+    cell = CELLS[0]
+    procs, bases = {}, {}
+    out: dict = {"cell": single_stream.key(cell), "tpot_p50_ms": {s.name: [] for s in systems}}
+    try:
+        for i, system in enumerate(systems):
+            procs[system.name] = compare.start(system, port + i, model, logs / f"{Path(model).stem}-{system.name}-paired.log")
+            base = f"http://127.0.0.1:{port + i}/v1"
+            bases[system.name] = (base, serving.served_model(base, None))
+            single_stream.warm_up(*bases[system.name], max_tokens)
+        for r in range(n):
+            for system in (systems if r % 2 == 0 else list(reversed(systems))):
+                res = asyncio.run(single_stream.run_cell(*bases[system.name], cell, 2000 + r, max_tokens))
+                out["tpot_p50_ms"][system.name].append(res["tpot_s"]["p50"] * 1e3)
+                print(f"  pair {r} {system.name}: {out['tpot_p50_ms'][system.name][-1]:.2f} ms", flush=True)
+    finally:
+        for proc in procs.values():
+            compare.stop(proc)
+    a, b = (out["tpot_p50_ms"][s.name] for s in systems[:2])
+    ratios = sorted(x / y for x, y in zip(a, b))
+    out["ratio_median"] = statistics.median(ratios)
+    out["ratio_range"] = [ratios[0], ratios[-1]]
+    out["medians_ms"] = {k: statistics.median(v) for k, v in out["tpot_p50_ms"].items()}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", required=True)
@@ -83,12 +116,23 @@ def main() -> None:
     p.add_argument("--load-only", action="store_true", help="start, wait for /health, stop: load time and RSS only")
     p.add_argument("--cells", nargs="+", choices=[single_stream.key(c) for c in CELLS],
                    help="measure only these (an 8B shape's ~3k prefill takes minutes a system here)")
+    p.add_argument("--paired", type=int, default=0, metavar="N",
+                   help="the one-stream cell alone, N runs a system, alternating, all servers up at once")
     args = p.parse_args()
     all_systems = single_stream.systems(sys.executable)
     report = {"machine": compare.machine(), "rounds": args.rounds, "max_tokens": args.max_tokens,
               "load_only": args.load_only, "runs": {}}
     logs = BENCH / "results" / "real_models.logs"
     logs.mkdir(parents=True, exist_ok=True)
+    if args.paired:
+        report["paired"] = {}
+        for model in args.models:
+            res = paired([all_systems[n] for n in args.systems], model, args.port, args.max_tokens, args.paired, logs)
+            report["paired"][Path(model).name] = res
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+            print(f"{Path(model).name}: TPOT p50 medians {res['medians_ms']}; {args.systems[0]} / {args.systems[1]} "
+                  f"by pairs {res['ratio_median']:.3f} ({res['ratio_range'][0]:.3f}-{res['ratio_range'][1]:.3f})")
+        return
     for model in args.models:
         runs = report["runs"].setdefault(Path(model).name, {"file_mb": os.path.getsize(model) / 2**20})
         for r in range(args.rounds):
