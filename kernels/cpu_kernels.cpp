@@ -2475,6 +2475,12 @@ RS_EXPORT void rs_dequantize_panel_bf16(const BlockMatrix* m, int64_t r0, int64_
 RS_EXPORT void rs_decoder_layer(const LayerWeights* w, const DecodeStep* s, int64_t layer, int64_t has_delta) {
   decoder_layer(*w, *s, layer, has_delta != 0);
 }
+// n layers in a row (a model without MoE layers): one call a step, not a Python round trip a
+// layer, each of which, right after a layer has streamed its weights through the caches, ran
+// slower than its few microseconds warm
+RS_EXPORT void rs_decoder_layers(const LayerWeights* const* w, const int64_t* layers, int64_t n, const DecodeStep* s) {
+  for (int64_t i = 0; i < n; ++i) decoder_layer(*w[i], *s, layers[i], i > 0);
+}
 
 // logits of 4-byte (float32) or 2-byte (bfloat16, float16) elements; neg_inf: -inf's bits at that width
 RS_EXPORT void rs_token_bitmask(void* logits, int64_t elem_bytes, int64_t row_stride, const int32_t* bitmask,

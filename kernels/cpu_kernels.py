@@ -306,6 +306,10 @@ class CpuKernels:
         self._decoder_layer = lib.rs_decoder_layer
         self._decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(DecodeStep), i64, i64]
         self._decoder_layer.restype = None
+        self._decoder_layers = lib.rs_decoder_layers
+        self._decoder_layers.argtypes = [ctypes.POINTER(ctypes.POINTER(LayerWeights)), ctypes.POINTER(i64), i64,
+                                         ctypes.POINTER(DecodeStep)]
+        self._decoder_layers.restype = None
         for suffix in SUFFIX.values():
             fn = getattr(lib, f"rs_dense_experts_{suffix}")
             fn.argtypes, fn.restype = [ctypes.POINTER(DenseExperts), ptr, i64, ptr, ptr, i64, ptr], None
@@ -396,14 +400,16 @@ class CpuKernels:
         self._block_gemm(ctypes.byref(m), x.data_ptr(), n, out.data_ptr())
         return out
 
-    def dequantize_rows(self, t, ids: torch.Tensor) -> torch.Tensor:
+    def dequantize_rows(self, t, ids: torch.Tensor, segment: Optional[BlockSegment] = None) -> torch.Tensor:
         """Rows `ids` (int64) of a BlockTensor as float32 [len(ids), cols], exactly as the gguf
-        package dequantises them."""
+        package dequantises them. `segment`: t's, where the caller keeps one (a lookup every step)."""
         assert ids.dtype == torch.int64 and ids.is_contiguous() and ids.dim() == 1
-        if len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < t.rows):
-            raise IndexError("row id out of range")
+        if len(ids):
+            low, high = (int(v) for v in torch.aminmax(ids))
+            if not (0 <= low and high < t.rows):
+                raise IndexError("row id out of range")
         out = torch.empty(len(ids), t.cols)
-        segment = block_segment(t)
+        segment = block_segment(t) if segment is None else segment
         self._dequantize_rows(ctypes.byref(segment), t.cols, ids.data_ptr(), len(ids), out.data_ptr())
         return out
 
@@ -418,6 +424,12 @@ class CpuKernels:
     def decoder_layer(self, weights: LayerWeights, step: DecodeStep, layer: int, has_delta: bool) -> None:
         """One decoder layer over `step` (see kernels/cpu_kernels.cpp and runtime/models/fused_decode.py)."""
         self._decoder_layer(ctypes.byref(weights), ctypes.byref(step), layer, has_delta)
+
+    def decoder_layers(self, weights: "ctypes.Array", layers: "ctypes.Array", step: DecodeStep) -> None:
+        """decoder_layer for each of `weights` (pointers to LayerWeights) on KV cache layers `layers`
+        (int64) in turn, the first without a delta: a step's layers in one call."""
+        assert len(weights) == len(layers)
+        self._decoder_layers(weights, layers, len(weights), ctypes.byref(step))
 
     def experts(self, m: Union[DenseExperts, BlockExperts], x: torch.Tensor, ids: torch.Tensor,
                 weights: torch.Tensor) -> torch.Tensor:

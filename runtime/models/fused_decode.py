@@ -24,6 +24,11 @@ class FusedDecodeLayers:
         # (KV cache layer, weights, the layer's experts or None) of each layer
         self.kernels, self.weights = kernels, weights
         self.cos, self.sin = cos, sin
+        # without MoE layers, every layer in one call (see CpuKernels.decoder_layers)
+        self.all_layers = None
+        if all(moe is None for *_, moe in weights):
+            self.all_layers = ((ctypes.POINTER(LayerWeights) * len(weights))(*(ctypes.pointer(w) for _, w, _ in weights)),
+                               (ctypes.c_int64 * len(weights))(*(layer for layer, *_ in weights)))
 
     @classmethod
     def of(cls, kernels: CpuKernels, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor
@@ -62,6 +67,9 @@ class FusedDecodeLayers:
         delta = torch.empty_like(x)
         step = DecodeStep(x.data_ptr(), delta.data_ptr(), x.shape[0], self.cos.data_ptr(), self.sin.data_ptr(),
                           positions.data_ptr(), out_slots.data_ptr(), ctypes.pointer(paged))
+        if self.all_layers is not None:
+            self.kernels.decoder_layers(*self.all_layers, step)
+            return x, delta
         for i, (layer, w, moe) in enumerate(self.weights):
             self.kernels.decoder_layer(w, step, layer, i > 0)
             if moe is not None:   # delta holds the experts' normed input: their output replaces it

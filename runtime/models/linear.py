@@ -114,7 +114,9 @@ class BlockEmbedding:
     rows of a table that may be hundreds of MB)."""
 
     def __init__(self, table, kernels):
+        from radixserve.kernels.cpu_kernels import block_segment
         self.table, self.kernels = table, kernels
+        self.segment = block_segment(table)   # built once: a decode step looks rows up every time
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.kernels.dequantize_rows(self.table, ids.to(torch.int64).contiguous())
+        return self.kernels.dequantize_rows(self.table, ids.to(torch.int64).contiguous(), self.segment)
