@@ -85,7 +85,8 @@ def paired(systems: list[compare.System], model: str, port: int, max_tokens: int
     out: dict = {"cell": single_stream.key(cell), "tpot_p50_ms": {s.name: [] for s in systems}}
     try:
         for i, system in enumerate(systems):
-            procs[system.name] = compare.start(system, port + i, model, logs / f"{Path(model).stem}-{system.name}-paired.log")
+            log = logs / f"{Path(model).stem}-{system.name}-paired.log"
+            procs[system.name] = compare.start(system, port + i, model, log)
             base = f"http://127.0.0.1:{port + i}/v1"
             bases[system.name] = (base, serving.served_model(base, None))
             single_stream.warm_up(*bases[system.name], max_tokens)

@@ -842,16 +842,22 @@ struct VHeader {
   __m256i scales[2];
   __m128i mins;
 };
-// shuffle_epi8 controls: int16 lane i of a 128-bit lane to all of its eight
-alignas(32) constexpr uint8_t kBroadcastLane[8][16] = {
-    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},         {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
-    {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5},         {6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
-    {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9},         {10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
-    {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13}, {14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15}};
-inline __m256i lanes(int lo, int hi) {  // int16 lane lo to the low 128 bits, lane hi to the high
-  return _mm256_set_m128i(_mm_load_si128(reinterpret_cast<const __m128i*>(kBroadcastLane[hi])),
-                          _mm_load_si128(reinterpret_cast<const __m128i*>(kBroadcastLane[lo])));
+// shuffle_epi8 controls over 256 bits, whole constants (a pair of 128-bit loads joined by an
+// insert was rebuilt in krow's loop): all[j] puts int16 lane j of each 128-bit lane in all eight of
+// its lanes; pair[k], lane 2k in the low 128 bits and lane 2k + 1 in the high ones
+struct LaneControls {
+  uint8_t all[8][32], pair[4][32];
+};
+constexpr LaneControls lane_controls() {
+  LaneControls c{};
+  for (int i = 0; i < 32; ++i) {
+    for (int j = 0; j < 8; ++j) c.all[j][i] = uint8_t(2 * j + i % 2);
+    for (int k = 0; k < 4; ++k) c.pair[k][i] = uint8_t(2 * (2 * k + i / 16) + i % 2);
+  }
+  return c;
 }
+alignas(32) constexpr LaneControls kLanes = lane_controls();
+inline __m256i control(const uint8_t (&c)[32]) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(c)); }
 
 // Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins unpacked in one vector (scales to bytes 0-7,
 // mins to 8-15), as scale_min_k4 reads them one at a time: sub-blocks 0-3 keep the low six bits
@@ -937,12 +943,12 @@ inline __m256i dot(const MXFP4&, __m256i w, __m256i x, const VHeader&, __m256i) 
 // the offset off per super-block, from the halves' sums) times x, each pair times its sub-scale
 inline __m256i kdot(__m256i w, __m256i x, __m256i sc) { return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc); }
 
-// sub-block j's int16 sub-scales, for dot
+// sub-block j's int16 sub-scales, for dot, from a header's scales (VHeader::scales)
 template <class K>
-inline __m256i sub_scale(const VHeader& h, int j) {
+inline __m256i sub_scale(const __m256i* scales, int j) {
   if (std::is_same<K, Q6_K>::value)  // scales 2j (its first 16 weights) and 2j + 1
-    return _mm256_shuffle_epi8(h.scales[j / 4], lanes(2 * j % 8, (2 * j + 1) % 8));
-  if (K::SUBS == 8) return _mm256_shuffle_epi8(h.scales[0], lanes(j, j));
+    return _mm256_shuffle_epi8(scales[j / 4], control(kLanes.pair[j % 4]));
+  if (K::SUBS == 8) return _mm256_shuffle_epi8(scales[0], control(kLanes.all[j]));
   return _mm256_setzero_si256();
 }
 
@@ -1031,23 +1037,6 @@ inline void lrow(const uint8_t* w, int64_t nb, const Acts& a, int64_t t0, float*
   for (int t = 0; t < NT; ++t) out[t] = legacy_sum(acc[t]);
 }
 
-// shuffle_epi8 controls over 256 bits, whole constants (a pair of 128-bit loads joined by an
-// insert was rebuilt in the loop): all[j] puts int16 lane j of each 128-bit lane in all eight of
-// its lanes; pair[k], lane 2k in the low 128 bits and lane 2k + 1 in the high ones
-struct LaneControls {
-  uint8_t all[8][32], pair[4][32];
-};
-constexpr LaneControls lane_controls() {
-  LaneControls c{};
-  for (int i = 0; i < 32; ++i) {
-    for (int j = 0; j < 8; ++j) c.all[j][i] = uint8_t(2 * j + i % 2);
-    for (int k = 0; k < 4; ++k) c.pair[k][i] = uint8_t(2 * (2 * k + i / 16) + i % 2);
-  }
-  return c;
-}
-alignas(32) constexpr LaneControls kLanes = lane_controls();
-inline __m256i control(const uint8_t (&c)[32]) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(c)); }
-
 // acc + the int16 products of p and s summed by pairs into int32: one dpwssd with VNNI
 inline __m256i madd_acc(__m256i acc, __m256i p, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -1120,8 +1109,7 @@ inline void krow_group(const uint8_t* w, int64_t s0, const Acts& a, int64_t t0, 
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       const __m256i wv = weights(K{}, p, j);
-      const __m256i sc = std::is_same<K, Q6_K>::value ? _mm256_shuffle_epi8(scales[j / 4], control(kLanes.pair[j % 4]))
-                                                      : _mm256_shuffle_epi8(scales[0], control(kLanes.all[j]));
+      const __m256i sc = sub_scale<K>(scales, j);
       for (int t = 0; t < NT; ++t) {
         const __m256i x = load32(reinterpret_cast<const uint8_t*>(a.xq256 + (t0 + t) * cols + ((s0 + k) * 8 + j) * QBLOCK));
         const __m256i pr = _mm256_maddubs_epi16(wv, x);
@@ -1347,10 +1335,10 @@ inline void ktile(const uint8_t* w, int64_t nsb, const Acts& a, int64_t g, __m25
       const __m256i wv = weights(K{}, p, j);
       const int8_t* xb[G];
       for (int i = 0; i < G; ++i) xb[i] = a.xk + ((g + i) * nb + s * 8 + j) * 256;
-      __m256i sc_lo = sub_scale<K>(h, j), sc_hi = sc_lo;
+      __m256i sc_lo = sub_scale<K>(h.scales, j), sc_hi = sc_lo;
       if constexpr (std::is_same<K, Q6_K>::value) {  // sub-scales 2j (weights 0-15), 2j + 1
-        sc_lo = _mm256_shuffle_epi8(h.scales[j / 4], lanes(2 * j % 8, 2 * j % 8));
-        sc_hi = _mm256_shuffle_epi8(h.scales[j / 4], lanes((2 * j + 1) % 8, (2 * j + 1) % 8));
+        sc_lo = _mm256_shuffle_epi8(h.scales[j / 4], control(kLanes.all[2 * j % 8]));
+        sc_hi = _mm256_shuffle_epi8(h.scales[j / 4], control(kLanes.all[(2 * j + 1) % 8]));
       }
       kchunks<K, G, 0>(_mm256_permute2x128_si256(wv, wv, 0x00), _mm256_permute2x128_si256(wv, wv, 0x11), xb,
                        sc_lo, sc_hi, s16, S);

@@ -18,8 +18,8 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from radixserve.runtime.cpu_tuning import cpu_flags, retain_freed_memory, zeroed_pages
-from radixserve.runtime.models.linear import (BF16_GEMM_ROWS, BF16_GEMM_ROWS_NO_AMX, INT8_GEMM_ROWS, BlockEmbedding, BlockLinear,
-                                              CpuLinear, Embedding, Linear)
+from radixserve.runtime.models.linear import (BF16_GEMM_ROWS, BF16_GEMM_ROWS_NO_AMX, INT8_GEMM_ROWS, BlockEmbedding,
+                                              BlockLinear, CpuLinear, Embedding, Linear)
 from radixserve.runtime.models.quant import BlockTensor
 
 log = logging.getLogger("radixserve")

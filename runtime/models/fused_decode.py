@@ -27,8 +27,9 @@ class FusedDecodeLayers:
         # without MoE layers, every layer in one call (see CpuKernels.decoder_layers)
         self.all_layers = None
         if all(moe is None for *_, moe in weights):
-            self.all_layers = ((ctypes.POINTER(LayerWeights) * len(weights))(*(ctypes.pointer(w) for _, w, _ in weights)),
-                               (ctypes.c_int64 * len(weights))(*(layer for layer, *_ in weights)))
+            n = len(weights)
+            self.all_layers = ((ctypes.POINTER(LayerWeights) * n)(*(ctypes.pointer(w) for _, w, _ in weights)),
+                               (ctypes.c_int64 * n)(*(layer for layer, *_ in weights)))
 
     @classmethod
     def of(cls, kernels: CpuKernels, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor
