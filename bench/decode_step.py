@@ -2,13 +2,14 @@
 tokens of context, 8 requests at ~3,000), without a server: each shape's prompts are cached first,
 then a run of greedy decode steps is timed, less its first step (the prompts' last token).
 
-`--forms fused separate` alternates, shape by shape, the engine as it runs (a pure-decode step of a
-float32 model on block weights: one kernel call per decoder layer, runtime/models/fused_decode.py)
-with the same engine running each layer's ops as separate calls. The ratio to the floor comes from
+`--forms fused layers separate` alternates, shape by shape, the engine as it runs (a pure-decode
+step of a float32 model on block weights in one kernel call: embedding, decoder layers, final norm
+and LM head, runtime/models/fused_decode.py), the layers in that call but the ends (embedding,
+norm, head) as calls of their own ("layers"), and each layer's ops as separate calls. The ratio to the floor comes from
 bench/results/decode_floor.json when bench/decode_floor.py has written it.
 
     .venv/bin/python bench/decode_step.py                        # 5 repeats of each shape
-    .venv/bin/python bench/decode_step.py --forms fused separate --repeats 4
+    .venv/bin/python bench/decode_step.py --forms fused layers separate --repeats 4
     .venv/bin/python bench/decode_step.py --shapes 1x130 32x130 --json bench/results/decode_step_b1_b32.json
     .venv/bin/python bench/decode_step.py --model bench/models/llama-1b-Q4_K_M.gguf --shapes 1x130
 """
@@ -49,7 +50,7 @@ def step_ms(engine: Engine, batch: int, context: int, steps: int, seed: int) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--forms", nargs="+", default=["fused"], choices=["fused", "separate"])
+    p.add_argument("--forms", nargs="+", default=["fused"], choices=["fused", "layers", "separate"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--shapes", nargs="+", default=[f"{b}x{c}" for b, c in SHAPES],
@@ -60,6 +61,7 @@ def main() -> None:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     engine = Engine(EngineConfig(kv_cache_tokens=65536, max_running_requests=64), model_files=load_model_files(args.model))
     fused = engine.model.fused_decode
+    ends = fused.ends if fused is not None else None
     floors = {}
     if (RESULTS / "decode_floor.json").exists():   # the floor of the same model only
         floor_report = json.loads((RESULTS / "decode_floor.json").read_text())
@@ -71,7 +73,9 @@ def main() -> None:
         for rep in range(args.repeats):
             for batch, context in shapes:
                 for form in args.forms if rep % 2 == 0 else args.forms[::-1]:
-                    engine.model.fused_decode = fused if form == "fused" else None
+                    engine.model.fused_decode = None if form == "separate" else fused
+                    if fused is not None:
+                        fused.ends = ends if form == "fused" else None
                     ms = step_ms(engine, batch, context, args.steps, 1000 * rep + batch + context)
                     times.setdefault((form, f"{batch}x{context}"), []).append(ms)
                     print(f"repeat {rep} {form:8} {batch}x{context}: {ms:6.2f} ms", flush=True)

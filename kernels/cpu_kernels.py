@@ -273,6 +273,11 @@ class DecodeStep(ctypes.Structure):
                 ("out_slots", _vp), ("attention", ctypes.POINTER(PagedDecode))]
 
 
+class DecodeEnds(ctypes.Structure):
+    _fields_ = [("embed", ctypes.POINTER(BlockSegment)), ("vocab", _i64), ("norm", _vp), ("eps", _f32c),
+                ("head", ctypes.POINTER(BlockMatrix))]
+
+
 class CpuKernels:
     """Typed entry points of the built library."""
 
@@ -310,6 +315,10 @@ class CpuKernels:
         self._decoder_layers.argtypes = [ctypes.POINTER(ctypes.POINTER(LayerWeights)), ctypes.POINTER(i64), i64,
                                          ctypes.POINTER(DecodeStep)]
         self._decoder_layers.restype = None
+        self._decoder_model = lib.rs_decoder_model
+        self._decoder_model.argtypes = [ctypes.POINTER(ctypes.POINTER(LayerWeights)), ctypes.POINTER(i64), i64,
+                                        ctypes.POINTER(DecodeStep), ctypes.POINTER(DecodeEnds), ptr, ptr]
+        self._decoder_model.restype = i64
         for suffix in SUFFIX.values():
             fn = getattr(lib, f"rs_dense_experts_{suffix}")
             fn.argtypes, fn.restype = [ctypes.POINTER(DenseExperts), ptr, i64, ptr, ptr, i64, ptr], None
@@ -319,6 +328,9 @@ class CpuKernels:
         self._block_experts = lib.rs_block_experts
         self._block_experts.argtypes = [ctypes.POINTER(BlockExperts), ptr, i64, ptr, ptr, i64, ptr]
         self._block_experts.restype = None
+        self._argmax_rows = lib.rs_argmax_rows
+        self._argmax_rows.argtypes = [ptr, i64, i64, i64, ptr]
+        self._argmax_rows.restype = None
         self._token_bitmask = lib.rs_token_bitmask
         self._token_bitmask.argtypes = [ptr, i64, i64, ptr, i64, ptr, i64, i64, i64, i64]
         self._token_bitmask.restype = None
@@ -431,6 +443,19 @@ class CpuKernels:
         assert len(weights) == len(layers)
         self._decoder_layers(weights, layers, len(weights), ctypes.byref(step))
 
+    def decoder_model(self, weights: "ctypes.Array", layers: "ctypes.Array", step: DecodeStep, ends: DecodeEnds,
+                      ids: torch.Tensor) -> torch.Tensor:
+        """A whole decode step: `ends`' embedding rows of `ids` (int64 [rows]) into step.x (where
+        ends has an embedding; else step.x comes filled), decoder_layers, the final norm and the LM
+        head -> float32 logits [rows, head rows], as the separate calls compute them."""
+        assert len(weights) == len(layers) and ids.dtype == torch.int64 and ids.is_contiguous()
+        assert ids.shape[0] == step.rows
+        out = torch.empty(step.rows, ends.head.contents.rows)
+        if self._decoder_model(weights, layers, len(weights), ctypes.byref(step), ctypes.byref(ends), ids.data_ptr(),
+                               out.data_ptr()) < 0:
+            raise IndexError("token id out of range")
+        return out
+
     def experts(self, m: Union[DenseExperts, BlockExperts], x: torch.Tensor, ids: torch.Tensor,
                 weights: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] float32 through each token's experts `ids` [T, k] (distinct in a row),
@@ -444,6 +469,14 @@ class CpuKernels:
         out = torch.empty(t, hidden)
         fn = self._block_experts if isinstance(m, BlockExperts) else self.fn("dense_experts", m.dtype)
         fn(ctypes.byref(m), x.data_ptr(), t, ids.data_ptr(), weights.data_ptr(), ids.shape[1], out.data_ptr())
+        return out
+
+    def argmax_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x.argmax(-1) of float32 rows [rows, n] of unit column stride (the first index on ties;
+        the first NaN where a row has one)."""
+        assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.device.type == "cpu"
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        self._argmax_rows(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr())
         return out
 
     def token_bitmask_(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: Optional[Sequence[int]],

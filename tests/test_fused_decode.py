@@ -45,10 +45,12 @@ KINDS_OF_LAYER = [
 ]
 
 
-def quantized_model(cfg: ModelConfig, dtype=torch.float32) -> LlamaForCausalLM:
+def quantized_model(cfg: ModelConfig, dtype=torch.float32, block_embedding: bool = False) -> LlamaForCausalLM:
     """A random model whose linear layers (and experts) are block-quantized (the LM head Q8_0), as a
-    GGUF file holds them."""
+    GGUF file holds them; `block_embedding`: the embedding table too (Q6_K, as Q4_K_M files have it)."""
     weights = random_weights(cfg, std=0.1)
+    if block_embedding:
+        weights["model.embed_tokens.weight"] = quantized("Q6_K", weights["model.embed_tokens.weight"].numpy())
     g = torch.Generator().manual_seed(1)
     for i in range(cfg.num_layers):
         kinds = KINDS_OF_LAYER[i % len(KINDS_OF_LAYER)]
@@ -108,12 +110,13 @@ def separate_forward(model: LlamaForCausalLM, step: Step) -> torch.Tensor:
 
 @settings(max_examples=25, deadline=None)
 @given(data=st.data(), page_size=st.sampled_from([1, 4, 16]), family=st.sampled_from(sorted(FAMILIES)),
-       seed=st.integers(0, 2**16))
-def test_a_fused_decode_step_equals_the_separate_layer_calls(data, page_size, family, seed):
+       block_embedding=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_fused_decode_step_equals_the_separate_layer_calls(data, page_size, family, block_embedding, seed):
     """Any mix of decodes, some reading one cached prefix, short and split contexts, in each family
-    the kernel covers: the same logits bit for bit, and the same K/V written."""
+    the kernel covers, with a dense or a block embedding: the same logits bit for bit, and the same
+    K/V written."""
     cfg = config(**FAMILIES[family])
-    model = quantized_model(cfg)
+    model = quantized_model(cfg, block_embedding=block_embedding)
     contexts = data.draw(st.lists(st.integers(1, 700), min_size=1, max_size=6))
     shared = data.draw(st.integers(0, (min(contexts) - 1) // page_size)) if len(contexts) > 1 else 0
     step = Step(cfg, page_size, contexts, shared, seed)
@@ -129,6 +132,29 @@ def test_a_fused_decode_step_equals_the_separate_layer_calls(data, page_size, fa
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_float32_model_on_block_weights_decodes_with_one_call_per_layer(family):
     assert quantized_model(config(**FAMILIES[family])).fused_decode is not None
+
+
+@pytest.mark.parametrize("block_embedding", [False, True], ids=["dense embedding", "block embedding"])
+def test_a_decode_step_of_a_model_without_moe_layers_runs_whole_in_one_call(block_embedding):
+    model = quantized_model(config(), block_embedding=block_embedding)
+    step = Step(model.cfg, 4, [40, 9], 0, seed=0)
+    batch = step.batch()
+    logits = model.fused_decode.logits(batch.input_ids, batch.positions, batch.out_slots, batch.paged_decode)
+    assert logits is not None and logits.shape == (2, model.cfg.vocab_size)
+
+
+def test_a_moe_model_runs_its_experts_between_the_layer_calls_not_whole():
+    model = quantized_model(config(**FAMILIES["qwen3_moe"]))
+    batch = Step(model.cfg, 4, [12], 0, seed=0).batch()
+    assert model.fused_decode.logits(batch.input_ids, batch.positions, batch.out_slots, batch.paged_decode) is None
+
+
+def test_a_whole_decode_step_refuses_a_token_outside_the_embedding():
+    model = quantized_model(config(), block_embedding=True)
+    batch = Step(model.cfg, 4, [12], 0, seed=0).batch()
+    batch.input_ids[0] = model.cfg.vocab_size
+    with pytest.raises(IndexError):
+        model.fused_decode.logits(batch.input_ids, batch.positions, batch.out_slots, batch.paged_decode)
 
 
 @pytest.mark.parametrize("what", ["bfloat16", "dense weights", "partial rotary"])

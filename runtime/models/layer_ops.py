@@ -51,9 +51,11 @@ class TorchLayerOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up
 
-    def fused_decode(self, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor) -> Optional[Any]:
+    def fused_decode(self, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor,
+                     ends: Optional[tuple] = None) -> Optional[Any]:
         """The layers as one call each for pure-decode steps (runtime/models/fused_decode.py), where
-        this form has one for them."""
+        this form has one for them; `ends`: the model's embedding, final norm (weight, eps) and LM
+        head, where a step may run whole."""
         return None
 
 
@@ -92,6 +94,6 @@ class CpuLayerOps(TorchLayerOps):
             return super().silu_mul(gate_up)
         return self.k.silu_mul(gate_up)
 
-    def fused_decode(self, layers, cos, sin):
+    def fused_decode(self, layers, cos, sin, ends=None):
         from radixserve.runtime.models.fused_decode import FusedDecodeLayers
-        return FusedDecodeLayers.of(self.k, layers, cos, sin)
+        return FusedDecodeLayers.of(self.k, layers, cos, sin, ends)

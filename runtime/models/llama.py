@@ -169,11 +169,19 @@ class LlamaForCausalLM:
         if cfg.local_rope_theta is not None:
             self.local_cos_sin = cos_sin_table(cfg.rotary_dim, cfg.local_rope_theta, None, cfg.max_context_len,
                                                dtype, device)
-        self.fused_decode = self.ops.fused_decode(self.layers, self.cos, self.sin)
+        # nothing between the ends and the layers (scaled embeddings, soft-capped logits): a decode
+        # step may run whole in one call
+        ends = ((self.embed, self.norm, cfg.rms_norm_eps, self.lm_head)
+                if self.embed_scale == 1.0 and cfg.final_logit_softcap is None else None)
+        self.fused_decode = self.ops.fused_decode(self.layers, self.cos, self.sin, ends)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn) -> torch.Tensor:
         """Float32 logits of `batch.sample_rows` (all rows when None)."""
+        if self.fused_decode is not None and batch.paged_decode is not None and batch.sample_rows is None:
+            logits = self.fused_decode.logits(batch.input_ids, batch.positions, batch.out_slots, batch.paged_decode)
+            if logits is not None:
+                return logits
         x = self.embed(batch.input_ids)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
