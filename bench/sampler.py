@@ -4,13 +4,16 @@ default model's vocabulary), no model.
 Two batches: "mixed" (8 greedy rows; 8 temperature + top_p; 8 seeded top_k + min_p; 8 sampled rows
 with repetition / frequency / presence penalties over ~300 prior tokens; every fourth row asks for
 logprobs=5) and "greedy" (all 32 rows greedy: the argmax fast path).
+--cold-mb N streams N MB through the caches before each timed call, as a decode step's weights do
+before the sampler runs; --argmax torch times the torch-ops argmax in place of the CPU kernels'.
 With --baseline FILE (a sampler.py, e.g. `git show <rev>:runtime/sampler.py > /tmp/old.py`), that
 module's Sampler is timed too, taking turns with ours call by call, so slow spells of this machine
 hit both alike. Each cell: the median of --repeats calls per run (10x for the sub-millisecond
 greedy batch), then the median of --runs runs (their range in brackets). Never asserts a time.
 
     .venv/bin/python bench/sampler.py [--baseline FILE] [--rows 32] [--vocab 49152] [--runs 5]
-        [--repeats 50] [--threads 0] [--json bench/results/sampler.json]
+        [--repeats 50] [--threads 0] [--cold-mb 0] [--argmax kernels|torch] [--json bench/results/sampler.json]
+    .venv/bin/python bench/sampler.py --rows 1 --cold-mb 96 --repeats 20    # one request after a 1B step
 """
 from __future__ import annotations
 
@@ -20,13 +23,16 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 # what the engine does to malloc at start, so that multi-MB temporaries do not fault in pages each step
 from radixserve.runtime.cpu_tuning import retain_freed_memory
 from radixserve.runtime.request import OutputStream, Request
+from radixserve.kernels.sampling import argmax_rows_torch
+from radixserve.runtime import sampler as sampler_module
 from radixserve.runtime.sampler import Sampler
 from radixserve.runtime.sampling_params import SamplingParams
 
@@ -61,9 +67,11 @@ def make_requests(rows: int, vocab: int, mixed: bool) -> list[Request]:
     return reqs
 
 
-def median_ms(fns: dict[str, Callable[[torch.Tensor], object]], base: torch.Tensor, repeats: int) -> dict[str, float]:
+def median_ms(fns: dict[str, Callable[[torch.Tensor], object]], base: torch.Tensor, repeats: int,
+              flush: Optional[np.ndarray] = None) -> dict[str, float]:
     """Median time of each fn(logits) on a fresh copy of `base`, the fns taking turns call by call
-    (who goes first alternating too): a fn timed right after another ran measurably faster here."""
+    (who goes first alternating too): a fn timed right after another ran measurably faster here.
+    `flush`: read whole before each call (numpy's code, not the sampler's, runs warm)."""
     logits = base.clone()
     names = list(fns)
     for _ in range(5):
@@ -74,6 +82,8 @@ def median_ms(fns: dict[str, Callable[[torch.Tensor], object]], base: torch.Tens
     for i in range(repeats):
         for name in (names if i % 2 == 0 else names[::-1]):
             logits.copy_(base)  # the sampler writes its logits
+            if flush is not None:
+                flush.sum()
             start = time.perf_counter()
             fns[name](logits)
             times[name].append(time.perf_counter() - start)
@@ -88,11 +98,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     parser.add_argument("--repeats", type=int, default=50, help="calls timed per cell and run")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--cold-mb", type=int, default=0, help="MB streamed through the caches before each call")
+    parser.add_argument("--argmax", choices=["kernels", "torch"], default="kernels",
+                        help="the greedy rows' argmax: the CPU kernels' (where built) or torch ops")
     parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "sampler.json"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     retain_freed_memory()
+    if args.argmax == "torch":
+        sampler_module.argmax_rows = argmax_rows_torch
+    flush = np.ones(args.cold_mb << 18, dtype=np.int32) if args.cold_mb else None
 
     samplers = {"ours": Sampler}
     if args.baseline:
@@ -105,13 +121,13 @@ def main() -> None:
         for batch, reqs in batches.items():
             fns = {name: (lambda x, s=cls(args.vocab, EOS, seed=0), r=reqs: s.sample(x, r))
                    for name, cls in samplers.items()}
-            for name, ms in median_ms(fns, base, args.repeats * (10 if batch == "greedy" else 1)).items():
+            for name, ms in median_ms(fns, base, args.repeats * (10 if batch == "greedy" else 1), flush).items():
                 runs.setdefault((batch, name), []).append(ms)
 
     print(f"{args.rows} rows x {args.vocab} float32 logits, torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread(s); median ms of {args.repeats} calls (greedy: x10), "
           f"then the median of {args.runs} runs [range]")
-    report = {"rows": args.rows, "vocab": args.vocab, "threads": torch.get_num_threads(), "torch": torch.__version__,
+    report = {"cold_mb": args.cold_mb, "argmax": args.argmax, "rows": args.rows, "vocab": args.vocab, "threads": torch.get_num_threads(), "torch": torch.__version__,
               "runs": args.runs, "repeats": args.repeats, "baseline": args.baseline, "median_ms": {}}
     for batch in batches:
         for name in samplers:

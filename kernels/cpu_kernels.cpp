@@ -2373,8 +2373,9 @@ void block_experts(const BlockExperts& m, const float* x, int64_t n_tok, const i
 // The index of the largest of x[0..n): the first on ties, and the first NaN where there is one (as
 // torch's argmax). One pass for the maximum (four chains: vmaxps waits on its last result), then
 // one for its first place, which ends where it is found. One call instead of the chunked torch
-// path's eight ops, which ran cold after the LM head had streamed its weights through the caches:
-// 0.2 ms against 0.06 at a 1B Q4_K_M step (0.034 against 0.011 warm).
+// path's eight ops, which run cold after a step's weights have streamed through the caches: a
+// greedy one-row Sampler.sample took 0.43 -> 0.22 ms so (0.031 -> 0.021 warm; 32 rows warm 0.127
+// -> 0.079; bench/sampler.py --rows 1 --cold-mb 96 --argmax torch|kernels, on a Zen 4 EPYC).
 int64_t argmax_row(const float* x, int64_t n) {
   int64_t i = 0;
   float best = -INFINITY;
