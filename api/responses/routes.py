@@ -14,8 +14,6 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -28,7 +26,7 @@ from radixserve.api.responses.protocol import ResponsesRequest
 from radixserve.api.responses.turn import RENAMES, Turn, build_turn, output_messages, prompt_ids, renamed
 from radixserve.api.openai.sampling import sampling_params
 from radixserve.api.state import ServerState, server_state
-from radixserve.api.streaming import PING_SECONDS, until_disconnected
+from radixserve.api.streaming import EventStream, event_stream, until_disconnected
 from radixserve.api.openai.tools import ParserEvent, TextDelta, ToolCallParser
 from radixserve.runtime.request import RequestOutput
 
@@ -206,7 +204,7 @@ class _ResponseReply:
                        "response": body}
 
 
-def _event_stream(events: AsyncIterator[Event], on_close: Callable[[], None]) -> EventSourceResponse:
+def _event_stream(events: AsyncIterator[Event], on_close: Callable[[], None]) -> EventStream:
     """SSE as OpenAI sends Responses events: `event: <type>` and `data: {json}` with a
     sequence_number counting from 0; no `[DONE]`. `on_close` runs however the response ends and
     aborts whatever still runs."""
@@ -221,5 +219,4 @@ def _event_stream(events: AsyncIterator[Event], on_close: Callable[[], None]) ->
         finally:
             await events.aclose()
 
-    return EventSourceResponse(sse(), sep="\n", ping=PING_SECONDS, background=BackgroundTask(on_close),
-                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return event_stream(sse(), on_close)
