@@ -44,7 +44,10 @@ bench: setup
 	$(PIP) install -q -e '.[test,ray,bench]' $(TORCH_PIN)
 	HF_HUB_OFFLINE=1 $(PY) bench/offline.py
 	HF_HUB_OFFLINE=1 $(PY) bench/decode_floor.py
-	HF_HUB_OFFLINE=1 $(PY) bench/decode_step.py --forms fused separate --repeats 4
+	HF_HUB_OFFLINE=1 $(PY) bench/decode_step.py --forms fused layers separate --repeats 4
+	HF_HUB_OFFLINE=1 $(PY) bench/sampler.py
+	HF_HUB_OFFLINE=1 $(PY) bench/sampler.py --rows 1 --cold-mb 96 --repeats 20 --json bench/results/sampler_cold_1row.json
+	HF_HUB_OFFLINE=1 $(PY) bench/sse_overhead.py
 	HF_HUB_OFFLINE=1 $(PY) bench/structured.py
 	HF_HUB_OFFLINE=1 $(PY) bench/bitmask.py --json bench/results/bitmask.json
 	HF_HUB_OFFLINE=1 $(PY) bench/prefix_workload.py
