@@ -143,6 +143,20 @@ def test_a_decode_step_of_a_model_without_moe_layers_runs_whole_in_one_call(bloc
     assert logits is not None and logits.shape == (2, model.cfg.vocab_size)
 
 
+def test_a_decode_step_with_rows_for_the_heads_gemm_keeps_the_heads_own_call():
+    """From the rows where the LM head takes the platform's GEMM (which rounds its own way), the
+    step is not run whole: its logits are those of the head's own call."""
+    model = quantized_model(config(), block_embedding=True)
+    model.lm_head.choose([("bf16", 4)])
+    step = Step(model.cfg, 4, [9, 17, 30, 12, 5], 0, seed=3)
+    batch = step.batch()
+    assert model.fused_decode.logits(batch.input_ids, batch.positions, batch.out_slots, batch.paged_decode) is None
+    step.forget_new_tokens(batch)
+    fused = model.forward(step.batch(), step.attn)
+    step.forget_new_tokens(batch)
+    assert torch.equal(fused, separate_forward(model, step))
+
+
 def test_a_moe_model_runs_its_experts_between_the_layer_calls_not_whole():
     model = quantized_model(config(**FAMILIES["qwen3_moe"]))
     batch = Step(model.cfg, 4, [12], 0, seed=0).batch()

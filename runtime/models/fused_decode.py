@@ -38,7 +38,7 @@ class FusedDecodeLayers:
         # the model's ends around the layers, where a step runs whole (see `logits`)
         self.ends: Optional[DecodeEnds] = None
         self.embed: Optional[Callable] = None
-        self.head_rows: Optional[int] = None
+        self.head = None
 
     @classmethod
     def of(cls, kernels: CpuKernels, layers: Sequence, cos: torch.Tensor, sin: torch.Tensor,
@@ -81,8 +81,7 @@ class FusedDecodeLayers:
                                embed.table.rows if segment is not None else 0, norm.data_ptr(), eps,
                                ctypes.pointer(matrix))
         self.ends.keep = (embed, norm, head)
-        # from this many rows the head takes the platform's GEMM (BlockLinear), so the step does too
-        self.head_rows = head.gemm_rows if head.prefill_gemm is not None else None
+        self.head = head
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, out_slots: torch.Tensor,
                  paged: Optional[PagedDecode]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
@@ -108,9 +107,10 @@ class FusedDecodeLayers:
         this step is not one the call runs (no ends, MoE layers, `paged` None, rows for the GEMM).
         Each of those calls from Python ran cold after the layers had streamed their weights
         through the caches."""
-        if (self.ends is None or paged is None or paged.dtype != torch.float32
-                or (self.head_rows is not None and ids.shape[0] >= self.head_rows)):
+        if self.ends is None or paged is None or paged.dtype != torch.float32:
             return None
+        if self.head.prefill_gemm is not None and ids.shape[0] >= self.head.gemm_rows:
+            return None   # from there the head takes the platform's GEMM (BlockLinear), as it would apart
         x = self.embed(ids) if self.embed is not None else torch.empty(ids.shape[0], self.ends.head.contents.cols)
         _, step = self._step(x, positions, out_slots, paged)
         return self.kernels.decoder_model(*self.all_layers, step, self.ends, ids)
