@@ -2543,7 +2543,7 @@ RS_EXPORT int64_t rs_decoder_model(const LayerWeights* const* w, const int64_t* 
       if (ids[r] < 0 || ids[r] >= e->vocab) return -1;
     dequantize_rows(*e->embed, hidden, ids, rows, s->x);
   }
-  for (int64_t i = 0; i < n; ++i) decoder_layer(*w[i], *s, layers[i], i > 0);
+  rs_decoder_layers(w, layers, n, s);
   std::unique_ptr<float[]> h(new float[rows * hidden]);
   add_rms_norm<float>(s->x, s->delta, hidden, e->norm, h.get(), rows, hidden, e->eps);
   block_linear(*e->head, h.get(), rows, logits);
