@@ -31,6 +31,9 @@ class KVPagePool:
     def num_slots(self) -> int:
         return self.num_pages * self.page_size
 
+    def is_free(self, pages) -> np.ndarray:
+        return self._is_free[np.asarray(pages, dtype=np.int64)]
+
     def alloc(self, n: int) -> list[int]:
         if n > len(self._free):
             raise OutOfPagesError(f"asked for {n} pages, {len(self._free)} free")

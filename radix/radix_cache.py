@@ -352,6 +352,10 @@ class RadixCache:
         self._clear()
         return pages
 
+    def pages_oldest_first(self) -> list[int]:
+        """Every cached page: the least recently used nodes' first, each node's in position order."""
+        return [q for n in sorted(self._nodes(), key=lambda n: n.last_access) for q in n.pages]
+
     def _nodes(self):
         stack = list(self.root.children.values())
         while stack:

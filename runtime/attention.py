@@ -9,12 +9,14 @@ from typing import Any, Callable, Optional, Protocol
 
 import torch
 
+from radixserve.radix import WindowPages
 from radixserve.runtime.attention_cpu import cpu_attention_backend
+from radixserve.runtime.attention_split import SplitAttention
 from radixserve.runtime.attention_torch import torch_attention_backend
 from radixserve.runtime.attention_triton import TritonAttentionBackend
 from radixserve.runtime.config import ATTENTION_BACKENDS
 from radixserve.runtime.forward_batch import BatchLayout, ForwardBatch
-from radixserve.runtime.kv_cache import KVCache
+from radixserve.runtime.kv_cache import KVCache, KVLayers
 from radixserve.runtime.models.layer_ops import KERNEL_DTYPES
 from radixserve.runtime.platform import Platform
 
@@ -57,15 +59,27 @@ def resolve_attention_backend(name: str, platform: Platform, window: Optional[in
 
 
 def make_attention_backend(name: str, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int,
-                           platform: Platform, window: Optional[int] = None, sinks: bool = False) -> AttentionBackend:
+                           platform: Platform, window: Optional[int] = None, sinks: bool = False,
+                           window_only: bool = False) -> AttentionBackend:
+    """`window_only`: every layer the backend serves is windowed (a window pool's backend)."""
     resolved = resolve_attention_backend(name, platform, window, sinks)
     if resolved == "triton":
         return TritonAttentionBackend(kv_cache, page_table, num_heads, platform)
     if resolved == "cpu":
         kernels = platform.kernels()
         if kernels is not None and kv_cache.k.dtype in KERNEL_DTYPES:
-            return cpu_attention_backend(kv_cache, page_table, num_heads, kernels, window, sinks)
+            return cpu_attention_backend(kv_cache, page_table, num_heads, kernels, window, sinks, window_only)
         if name != "auto":
             raise ValueError("attention backend cpu needs the CPU kernels (a C++ compiler) and a float32 or "
                              "bfloat16 KV cache on the CPU")
-    return torch_attention_backend(kv_cache, page_table, num_heads, window, sinks)
+    return torch_attention_backend(kv_cache, page_table, num_heads, window, sinks, window_only)
+
+
+def make_split_attention(name: str, kv: KVLayers, page_table: torch.Tensor, windows: WindowPages,
+                         num_heads: int, platform: Platform, window: int, sinks: bool = False) -> SplitAttention:
+    """A model whose sliding-window layers keep their K/V in their own pool: one backend each."""
+    window_table = torch.zeros_like(page_table)
+    return SplitAttention(make_attention_backend(name, kv.full, page_table, num_heads, platform, None, sinks),
+                          make_attention_backend(name, kv.windowed, window_table, num_heads, platform, window,
+                                                 sinks, window_only=True),
+                          kv.groups, windows, page_table, window_table, platform)

@@ -24,27 +24,30 @@ from radixserve.runtime.kv_cache import KVCache
 
 @dataclass
 class KernelDecodeMetadata:
-    paged: PagedDecode                      # every decode's whole context
+    paged: Optional[PagedDecode]            # every decode's whole context (None: window layers only)
     windowed: Optional[PagedDecode] = None  # the sliding-window layers': its last `window` positions
 
 
 class KernelDecodes:
     def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, kernels: CpuKernels,
-                 window: Optional[int] = None):
+                 window: Optional[int] = None, window_only: bool = False):
         self.kv, self.table, self.heads, self.kernels, self.window = kv_cache, page_table, num_heads, kernels, window
+        self.window_only = window_only   # every layer it serves is windowed: no whole-context plan
         self.page_size, self.head_dim = kv_cache.k.shape[2], kv_cache.k.shape[-1]
         self.scale = self.head_dim ** -0.5
 
     def prepare(self, decodes: list[DecodeSeq]) -> Optional[KernelDecodeMetadata]:
         if not decodes:
             return None
+        rows, lens = [d.page_row for d in decodes], [d.context_len for d in decodes]
+        plan = lambda g, w: PagedDecode.of(self.kv.k, self.kv.v, self.table,  # noqa: E731
+                                           DecodePlan.of(rows, lens, g, self.heads, self.head_dim, w), self.scale)
+        if self.window_only:
+            return KernelDecodeMetadata(None, plan([], self.window))
         p = self.page_size
         # unlike the torch path's, sharing here costs no extra ops: every shared page counts
         groups = [(members, n * p) for members, n in shared_prefix_groups(decodes, p, min_group_saving=1,
                                                                              min_saving=1)]
-        rows, lens = [d.page_row for d in decodes], [d.context_len for d in decodes]
-        plan = lambda g, w: PagedDecode.of(self.kv.k, self.kv.v, self.table,  # noqa: E731
-                                           DecodePlan.of(rows, lens, g, self.heads, self.head_dim, w), self.scale)
         return KernelDecodeMetadata(plan(groups, None), None if self.window is None else plan([], self.window))
 
     def forward(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -63,10 +66,12 @@ def paged_decode(meta: HostAttentionMetadata) -> Optional[PagedDecode]:
 
 
 def cpu_attention_backend(kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, kernels: CpuKernels,
-                          window: Optional[int] = None, sinks: bool = False) -> HostAttentionBackend:
+                          window: Optional[int] = None, sinks: bool = False,
+                          window_only: bool = False) -> HostAttentionBackend:
     """`window`: the sliding window of the model's windowed layers, if any; `sinks`: its layers have
-    attention sinks. Either turns off the torch extends' shared prefixes, whose call takes neither."""
+    attention sinks. Either turns off the torch extends' shared prefixes, whose call takes neither.
+    `window_only`: every layer it serves is windowed (the window pool's backend)."""
     return HostAttentionBackend(kv_cache, page_table, num_heads,
-                                KernelDecodes(kv_cache, page_table, num_heads, kernels, window),
+                                KernelDecodes(kv_cache, page_table, num_heads, kernels, window, window_only),
                                 write=kernels.write_kv, paged_decode=paged_decode, window=window,
                                 share=window is None and not sinks)

@@ -174,9 +174,10 @@ class TorchDecodes:
     (not with sliding windows, whose masks start where each request's window does, nor sinks)."""
 
     def __init__(self, kv_cache: KVCache, page_table: torch.Tensor, num_heads: int, window: Optional[int] = None,
-                 share: bool = True):
+                 share: bool = True, window_only: bool = False):
         self.kv, self.table, self.window = kv_cache, page_table, window
         self.share = share and window is None
+        self.window_only = window_only   # every layer it serves is windowed: no whole-context rows
         _, _, self.page_size, self.kv_heads, head_dim = kv_cache.k.shape
         self.query_group = num_heads // self.kv_heads   # query heads per KV head
         self.scale = head_dim ** -0.5
@@ -188,6 +189,8 @@ class TorchDecodes:
         if not decodes:
             self._kept_prefixes = None
             return None
+        if self.window_only:
+            return TorchDecodeMetadata(None, None, None, None, self._window_rows(decodes))
         groups = shared_prefix_groups(decodes, self.page_size) if self.share else []
         shared_pages = [0] * len(decodes)
         for members, n in groups:
@@ -295,10 +298,12 @@ class HostAttentionBackend:
 
 
 def torch_attention_backend(kv_cache: KVCache, page_table: torch.Tensor, num_heads: int,
-                            window: Optional[int] = None, sinks: bool = False) -> HostAttentionBackend:
+                            window: Optional[int] = None, sinks: bool = False,
+                            window_only: bool = False) -> HostAttentionBackend:
     """`window`: the sliding window of the model's windowed layers (one size per model), if any;
     `sinks`: the model's layers have attention sinks. Either turns off attending shared prefixes
-    once for a group, whose calls take neither."""
+    once for a group, whose calls take neither. `window_only`: every layer it serves is windowed."""
     share = window is None and not sinks
     return HostAttentionBackend(kv_cache, page_table, num_heads,
-                                TorchDecodes(kv_cache, page_table, num_heads, window, share), window=window, share=share)
+                                TorchDecodes(kv_cache, page_table, num_heads, window, share, window_only),
+                                window=window, share=share)

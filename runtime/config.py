@@ -26,6 +26,9 @@ class EngineConfig:
     # seconds after it: it jumps ahead once it has waited this long behind newer requests
     max_queue_wait_boost: float = 5.0
     disable_radix_cache: bool = False
+    # sliding-window layers keep K/V only for positions some window still reads, in a pool this
+    # share of the KV pool's size (SGLang's name); what is cached beyond it keeps its global layers
+    swa_full_tokens_ratio: float = 0.5
     # the prefix cache's disk tier: evicted and new pages are kept under this directory, bounded
     # by `cache_dir_size` bytes (LRU), and read back on a hit, after restarts too
     cache_dir: Optional[str] = None
@@ -56,6 +59,8 @@ class EngineConfig:
             positive(name)
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
             raise ValueError("kv-cache-tokens must hold at least one page")
+        if not 0.0 < self.swa_full_tokens_ratio <= 1.0:
+            raise ValueError("swa-full-tokens-ratio must be in (0, 1]")
         if not 0.0 < self.mem_fraction <= 0.95:
             raise ValueError("mem-fraction must be in (0, 0.95]")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

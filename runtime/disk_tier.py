@@ -5,6 +5,10 @@ prefill and survives a restart or a SIGKILL; a page whose write was dropped (the
 offered again when the tree evicts it. Only copying a page out of the pool runs on the loop thread;
 checksums and file I/O run on the store's threads.
 
+A page on disk holds every layer's K/V in model order, wherever the pool keeps them (a model with
+sliding-window layers keeps theirs in window pages): a page that gave its window page back is not
+written, and a page read back takes a window page only where the prefix's end needs one.
+
 A request whose prompt continues, past what the tree holds, into pages on disk waits (like one whose
 grammar compiles) while the reader thread reads and checks them, then is queued; on admission the
 KV manager copies them into pool pages and the tree, and the request starts with them cached.
@@ -22,10 +26,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from radixserve.radix import RadixCache
+from radixserve.radix import RadixCache, WindowPages
 from radixserve.radix.page_store import PageRead, PageStore, PageWrite
 from radixserve.radix.prefix_hash import page_hashes, root_hash
-from radixserve.runtime.kv_cache import KVCache
+from radixserve.radix.window_pages import NONE
+from radixserve.runtime.kv_cache import KVLayers
 from radixserve.runtime.request import Request
 
 log = logging.getLogger("radixserve.cache_dir")
@@ -79,16 +84,22 @@ def _hash_bytes(h, data: np.ndarray) -> None:
 
 
 class DiskTier:
-    def __init__(self, store: PageStore, kv_cache: KVCache, page_size: int):
-        self.store, self.kv_cache, self.page_size = store, kv_cache, page_size
+    def __init__(self, store: PageStore, kv: KVLayers, page_size: int, windows: Optional[WindowPages] = None):
+        self.store, self.kv, self.page_size, self.windows = store, kv, page_size, windows
+        device = kv.full.k.device
+        # model layer i's K/V in torch.cat((full, windowed)) of the two caches' layers
+        n_full = kv.full.k.shape[0]
+        self._order = torch.tensor([i if not w else n_full + i for w, i in kv.groups], device=device)
+        self._full_layers = torch.tensor([j for j, (w, _) in enumerate(kv.groups) if not w], device=device)
+        self._window_layers = torch.tensor([j for j, (w, _) in enumerate(kv.groups) if w], device=device)
         self._loading: deque[tuple[Request, Future, int, int]] = deque()   # (req, future, first page, bytes)
         self._read_ahead_bytes = 0   # of the loads being read and those read but not yet released
 
     @staticmethod
-    def page_bytes(kv_cache: KVCache) -> int:
+    def page_bytes(kv: KVLayers) -> int:
         """One page's K and V, every layer."""
-        k = kv_cache.k
-        return 2 * k[:, 0].numel() * k.element_size()
+        caches = [c.k for c in (kv.full, kv.windowed) if c is not None]
+        return sum(2 * k[:, 0].numel() * k.element_size() for k in caches)
 
     # ---- writing (loop thread) -----------------------------------------------------------------
     def persist(self, hashes: list[int], tokens: list[int], pages: list[int], salt: Optional[str],
@@ -98,6 +109,8 @@ class DiskTier:
         p, store = self.page_size, self.store
         new = []
         for i, h in enumerate(hashes):
+            if self.windows is not None and self.windows.of(pages[i]) == NONE:
+                continue   # its window layers' K/V are gone: it cannot be written whole
             if not store.has(h):
                 new.append(i)
             elif retain_until and store.retention(h) < retain_until:
@@ -110,20 +123,32 @@ class DiskTier:
                      for j, i in enumerate(new)])
 
     def _copy_out(self, pages: list[int]) -> list[np.ndarray]:
-        idx = torch.tensor(pages, dtype=torch.long, device=self.kv_cache.k.device)
-        k, v = self.kv_cache.k.index_select(1, idx), self.kv_cache.v.index_select(1, idx)
+        full = self.kv.full
+        idx = torch.tensor(pages, dtype=torch.long, device=full.k.device)
+        k, v = full.k.index_select(1, idx), full.v.index_select(1, idx)
+        if self.windows is not None:
+            w, widx = self.kv.windowed, torch.from_numpy(self.windows.host_map()[pages]).to(full.k.device)
+            k = torch.cat((k, w.k.index_select(1, widx))).index_select(0, self._order)
+            v = torch.cat((v, w.v.index_select(1, widx))).index_select(0, self._order)
         both = torch.stack((k, v), dim=1).transpose(0, 2).cpu().contiguous()   # [pages, 2, layers, ...]
         flat = both.reshape(len(pages), -1).view(torch.uint8).numpy()
         return list(flat)
 
     def copy_in(self, pages: list[int], reads: list[PageRead]) -> None:
-        """Write pages read from disk into pool pages `pages`."""
-        k, v = self.kv_cache.k, self.kv_cache.v
-        shape = (2,) + tuple(k[:, 0].shape)
+        """Write pages read from disk into pool pages `pages` (and into their window pages, those
+        that have one)."""
+        k, v = self.kv.full.k, self.kv.full.v
+        shape = (2, len(self.kv.groups)) + tuple(k[0, 0].shape)
         for page, read in zip(pages, reads):
             src = torch.frombuffer(read.payload, dtype=torch.uint8).view(k.dtype).view(shape).to(k.device)
-            k[:, page] = src[0]
-            v[:, page] = src[1]
+            if self.windows is None:
+                k[:, page], v[:, page] = src[0], src[1]
+                continue
+            k[:, page], v[:, page] = src[0, self._full_layers], src[1, self._full_layers]
+            w = self.windows.of(page)
+            if w != NONE:
+                self.kv.windowed.k[:, w] = src[0, self._window_layers]
+                self.kv.windowed.v[:, w] = src[1, self._window_layers]
 
     # ---- reading ahead (loop thread) ------------------------------------------------------------
     @property

@@ -14,10 +14,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from radixserve.radix import CachedPrefix, KVPagePool, RequestPageTable
+from radixserve.radix import CachedPrefix, KVPagePool, RequestPageTable, WindowPages
 from radixserve.radix.page_store import PageStore
 from radixserve.runtime.admission import Admission
-from radixserve.runtime.attention import make_attention_backend
+from radixserve.runtime.attention import make_attention_backend, make_split_attention
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.detokenizer import IncrementalDetokenizer
 from radixserve.runtime.disk_tier import RETENTIONS, DiskTier, cache_key
@@ -25,7 +25,7 @@ from radixserve.runtime.engine_client import (EngineHealth, EngineRefusal, Engin
                                               RefusalKind)
 from radixserve.runtime.engine_loop import (Abort, AddRequest, CheckPages, EngineLoop, FlushCache, LiveRequests,
                                             DropPrefixes, ListPrefixes, LoopParts, SummarizePrefixes, stopped)
-from radixserve.runtime.kv_cache import KVCache, kv_cache_tokens
+from radixserve.runtime.kv_cache import KVLayers, kv_cache_tokens, window_tokens
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.model_runner import ModelRunner
 from radixserve.runtime.models.llama import LlamaForCausalLM
@@ -92,15 +92,23 @@ class Engine:
         self.model = LlamaForCausalLM(mc, weights, self.dtype, platform)
         num_tokens = kv_cache_tokens(config, mc, self.dtype, platform.free_memory_bytes())
         self.pool = KVPagePool(num_tokens // p, p)
-        self.kv_cache = KVCache(mc.num_layers, self.pool.num_pages, p, mc.num_kv_heads, mc.head_dim,
-                                self.dtype, self.device)
+        window_slots = window_tokens(config, mc, self.pool.num_slots)
+        self.windows = None if window_slots is None else \
+            WindowPages(self.pool.num_pages, window_slots // p, p, self.device)
+        self.kv_cache = KVLayers.of(mc, self.pool.num_pages, None if window_slots is None else window_slots // p,
+                                    p, self.dtype, self.device)
         table = RequestPageTable(config.max_running_requests, -(-mc.max_context_len // p), self.device)
         disk = self._open_cache_dir(files) if config.cache_dir is not None else None
-        kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache, disk=disk)
+        kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache, disk=disk,
+                       windows=self.windows, window=mc.sliding_window or 0)
         scheduler = Scheduler(config, kv)
-        attention = make_attention_backend(config.attention_backend, self.kv_cache, table.table, mc.num_heads,
-                                           platform, mc.sliding_window, mc.attention_sinks)
-        runner = ModelRunner(self.model, attention, table, p, self.kv_cache.pad_page, platform)
+        if self.windows is None:
+            attention = make_attention_backend(config.attention_backend, self.kv_cache.full, table.table,
+                                               mc.num_heads, platform, mc.sliding_window, mc.attention_sinks)
+        else:
+            attention = make_split_attention(config.attention_backend, self.kv_cache, table.table, self.windows,
+                                             mc.num_heads, platform, mc.sliding_window, mc.attention_sinks)
+        runner = ModelRunner(self.model, attention, table, p, self.kv_cache.full.pad_page, platform)
         if not config.disable_cuda_graph:
             runner.use_decode_graphs(config.max_running_requests, mc.max_context_len)
         sampler = Sampler(mc.vocab_size, self.eos_token_ids, seed=config.seed, platform=platform)
@@ -116,7 +124,7 @@ class Engine:
         p = self.config.page_size
         key = cache_key(files.weights, files.tokenizer, files.config, self.dtype, p)
         store = PageStore(self.config.cache_dir, key, p, DiskTier.page_bytes(self.kv_cache), self.config.cache_dir_size)
-        return DiskTier(store, self.kv_cache, p)
+        return DiskTier(store, self.kv_cache, p, self.windows)
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -1,5 +1,10 @@
-"""The KV cache tensors: one preallocated [layers, slots, kv_heads, head_dim] buffer each for K and V."""
+"""The KV cache tensors: one preallocated [layers, slots, kv_heads, head_dim] buffer each for K and V
+(two pairs for a model with sliding-window layers: theirs live in a smaller pool)."""
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -31,16 +36,59 @@ class KVCache:
         return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
 
+@dataclass
+class KVLayers:
+    """Where each layer's K/V live: `full` holds the global layers' (every position of every KV
+    page); a model with sliding-window layers keeps theirs in `windowed`, a smaller pool of window
+    pages (radix/window_pages.py). Without windowed layers `full` holds every layer."""
+    full: KVCache
+    windowed: Optional[KVCache] = None
+    groups: tuple[tuple[bool, int], ...] = ()   # per model layer: (windowed, its index in that cache)
+
+    @classmethod
+    def of(cls, mc: ModelConfig, num_pages: int, num_window_pages: Optional[int], page_size: int,
+           dtype: torch.dtype, device: torch.device) -> "KVLayers":
+        def cache(layers: int, pages: int) -> KVCache:
+            return KVCache(layers, pages, page_size, mc.num_kv_heads, mc.head_dim, dtype, device)
+        if num_window_pages is None:
+            return cls(cache(mc.num_layers, num_pages), None, tuple((False, i) for i in range(mc.num_layers)))
+        windowed = [mc.window(i) is not None for i in range(mc.num_layers)]
+        groups = tuple((w, sum(1 for x in windowed[:i] if x == w)) for i, w in enumerate(windowed))
+        return cls(cache(windowed.count(False), num_pages), cache(windowed.count(True), num_window_pages), groups)
+
+    def clear_pad_page(self) -> None:
+        for cache in (self.full, self.windowed):
+            if cache is not None:
+                cache.clear_pad_page()
+
+
 def kv_cache_tokens(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, free_bytes: int) -> int:
-    """Token slots in the KV pool: `--kv-cache-tokens`, else `--mem-fraction` of `free_bytes`."""
+    """Token slots in the KV pool: `--kv-cache-tokens`, else `--mem-fraction` of `free_bytes`
+    (with sliding-window layers, whose window pool is `swa_full_tokens_ratio` of it, those count
+    for that share of a token)."""
     if config.kv_cache_tokens is not None:
         tokens = config.kv_cache_tokens
     else:
-        per_token = KVCache.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
-        tokens = int(free_bytes * config.mem_fraction) // per_token
+        windowed = sum(1 for i in range(mc.num_layers) if mc.window(i) is not None)
+        share = config.swa_full_tokens_ratio if windowed else 1.0
+        per_token = KVCache.bytes_per_token(mc.num_layers - windowed, mc.num_kv_heads, mc.head_dim, dtype) + \
+            share * KVCache.bytes_per_token(windowed, mc.num_kv_heads, mc.head_dim, dtype)
+        tokens = int(free_bytes * config.mem_fraction // per_token)
         # more than every running request at full context can never be used at once
         tokens = min(tokens, config.max_running_requests * mc.max_context_len)
     tokens -= tokens % config.page_size
     if tokens < config.page_size:
         raise ValueError("not enough memory for a single KV page")
     return tokens
+
+
+def window_tokens(config: EngineConfig, mc: ModelConfig, tokens: int) -> Optional[int]:
+    """Slots of the sliding-window layers' own pool beside a KV pool of `tokens`; None without such
+    layers. `swa_full_tokens_ratio` of the pool, and never less than one request needs at once:
+    its window and a chunk of new tokens, each rounded out to pages."""
+    if mc.sliding_window is None:
+        return None
+    p = config.page_size
+    least = mc.sliding_window + min(config.chunked_prefill_size, config.max_batched_tokens) + 2 * p
+    n = max(math.ceil(config.swa_full_tokens_ratio * tokens), least)
+    return min(tokens, -(-n // p) * p)

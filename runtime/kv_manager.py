@@ -3,21 +3,31 @@
 The only place that moves pages between the pool, the radix tree and requests,
 so the accounting invariant (free + tree + held == total) has one owner: the tree
 never frees, it returns the pages it drops or declines and they are freed here.
+
+A model with sliding-window layers keeps their K/V in window pages (radix/window_pages.py), one
+per KV page at most. A request's own pages give theirs back once its window has passed them; a
+cached page keeps its own until the window pool runs short, then the least recently used ones
+that no running request's window reaches give theirs back (tombstones: the global layers' K/V
+stay and still serve hits). A prefix is reused only as far as the window pages just before its
+end are all there, so a hit gives the same output as no hit.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from radixserve.radix import KVPagePool, RadixCache, RequestPageTable
+import numpy as np
+
+from radixserve.radix import KVPagePool, RadixCache, RequestPageTable, WindowPages
 from radixserve.radix.page_pool import OutOfPagesError
 from radixserve.radix.prefix_hash import root_hash
+from radixserve.radix.window_pages import NONE
 from radixserve.runtime.disk_tier import DiskLoad, DiskTier, retain_until
 from radixserve.runtime.request import Request
 
 
 class KVManager:
     def __init__(self, pool: KVPagePool, page_table: RequestPageTable, radix_enabled: bool = True,
-                 disk: Optional[DiskTier] = None):
+                 disk: Optional[DiskTier] = None, windows: Optional[WindowPages] = None, window: int = 0):
         self.pool = pool
         self.page_size = pool.page_size
         self.tree = RadixCache(pool.page_size)
@@ -25,6 +35,8 @@ class KVManager:
         self.radix_enabled = radix_enabled
         self.disk = disk if radix_enabled else None   # the tree's lower tier (`--cache-dir`)
         self.evicted_tokens = 0            # cached tokens dropped from the tree to make room
+        self.windows, self.window = windows, window   # the sliding-window layers' pages, and their window
+        self._active: dict[int, Request] = {}        # requests holding pages, by page-table row
 
     # ---- accounting ------------------------------------------------------
     def available_pages(self) -> int:
@@ -51,10 +63,29 @@ class KVManager:
         if total != self.pool.num_pages:
             raise AssertionError(f"KV page accounting broken: free {self.pool.num_free} + tree "
                                  f"{self.tree.num_pages} + held {held} != {self.pool.num_pages}")
+        if self.windows is not None:
+            self._check_windows(running)
         if not running and self.tree.protected_size:
             # a lock nobody will release: those pages could never be evicted again
             raise AssertionError(f"KV page accounting broken: {self.tree.protected_size} tree tokens "
                                  f"still locked with no request running")
+
+    def _check_windows(self, running: list[Request]) -> None:
+        attached = self.windows.attached()
+        if len(attached) + self.windows.num_free != self.windows.num_pages:
+            raise AssertionError(f"window page accounting broken: {len(attached)} attached + "
+                                 f"{self.windows.num_free} free != {self.windows.num_pages}")
+        if np.any(self.pool.is_free(attached)):
+            raise AssertionError("a free KV page still has a window page")
+        for r in running:
+            reach = r.pages[self._window_start(r.kv_len):]
+            if reach and not np.all(self.windows.has(reach)):
+                raise AssertionError(f"request {r.request_id}: a page its window reaches has no window page")
+
+    def _window_start(self, kv_len: int) -> int:
+        """The first page the window of a request with `kv_len` computed positions still reads: its
+        next token, at position kv_len, sees positions kv_len - window + 1 onwards."""
+        return max(0, kv_len - self.window) // self.page_size
 
     def pages_needed(self, req: Request, new_tokens: int) -> int:
         return -(-(req.kv_len + new_tokens) // self.page_size) - len(req.pages)
@@ -63,6 +94,8 @@ class KVManager:
     def match(self, req: Request) -> int:
         """Attach the longest cached prefix to a request about to run; returns its length."""
         req.page_row = self.table.alloc_row()
+        if self.windows is not None:
+            self._active[req.page_row] = req
         if not self.radix_enabled:
             return 0
         # leave at least one token to compute: its logits give the next token
@@ -71,11 +104,30 @@ class KVManager:
         load, req.disk_load = req.disk_load, None
         if load is not None:
             pages, node = self._read_back(req, pages, node, load)
+        if self.windows is not None:
+            pages, node = self._window_usable(req, pages, node)
         self.tree.record_hit(node)
         n = len(pages) * self.page_size
         req.tree_node, req.tree_len, req.kv_len, req.pages = node, n, n, pages
         self.table.write(req.page_row, 0, pages)
         return n
+
+    def _window_usable(self, req: Request, pages: list[int], node):
+        """The longest part of the locked prefix `pages` (ending at `node`) whose last window has
+        all its window pages, returned locked instead."""
+        n, has = len(pages), self.windows.has(pages)
+        while n:
+            start = self._window_start(n * self.page_size)
+            missing = np.flatnonzero(~has[start:n])
+            if not len(missing):
+                break
+            n = start + int(missing[-1])   # the prefix that ends just before the last one missing
+        if n == len(pages):
+            return pages, node
+        pages, shorter = self.tree.match_prefix(req.token_ids[:n * self.page_size], req.params.cache_salt)
+        self.tree.lock(shorter)
+        self.tree.unlock(node)
+        return pages, shorter
 
     def _read_back(self, req: Request, pages: list[int], node, load: DiskLoad):
         """Extend the tree's prefix `pages` (ending at the locked `node`) with the pages read from disk
@@ -88,9 +140,13 @@ class KVManager:
             return pages, node
         self._make_free(k)
         new = self.pool.alloc(k)
+        if self.windows is not None:   # the window pages the prefix's end needs, if there are enough free
+            reach = new[max(0, self._window_start((start + k) * p) - start):]
+            if len(reach) <= self.windows.num_free:
+                self.windows.attach(reach)
         self.disk.copy_in(new, reads[:k])
         tokens, salt = req.token_ids[:(start + k) * p], req.params.cache_salt
-        self.pool.free(self.tree.insert(tokens, pages + new, salt).duplicates)
+        self._free(self.tree.insert(tokens, pages + new, salt).duplicates)
         pages, deeper = self.tree.match_prefix(tokens, salt)
         self.tree.lock(deeper)
         self.tree.unlock(node)
@@ -110,19 +166,45 @@ class KVManager:
             for leaf in self.tree.evict_leaves(short * self.page_size, hashed=True):
                 self.disk.persist(leaf.hashes, leaf.key, leaf.pages, leaf.salt)
                 dropped.extend(leaf.pages)
-        self.pool.free(dropped)
+        self._free(dropped)
         self.evicted_tokens += len(dropped) * self.page_size
 
-    def alloc(self, req: Request, new_tokens: int) -> bool:
-        """Give `req` pages for `new_tokens` more positions, evicting tree leaves if needed."""
+    def _make_window_free(self, n: int) -> bool:
+        """Have `n` window pages free, taking them from the least recently used cached pages that no
+        running request's window reaches; False (and nothing taken) if there are not that many."""
+        short = n - self.windows.num_free
+        if short <= 0:
+            return True
+        reached = set()
+        for r in self._active.values():
+            reached.update(r.pages[self._window_start(r.kv_len):])
+        cached = [q for q in self.tree.pages_oldest_first() if q not in reached]
+        cached = [q for q, has in zip(cached, self.windows.has(cached)) if has][:short]
+        if len(cached) < short:
+            return False
+        self.windows.detach(cached)
+        return True
+
+    def _free(self, pages: list[int]) -> None:
+        if self.windows is not None:
+            self.windows.detach(pages)
+        self.pool.free(pages)
+
+    def alloc(self, req: Request, new_tokens: int, spare: int = 0) -> bool:
+        """Give `req` pages for `new_tokens` more positions, evicting tree leaves if needed; with
+        window pages, `spare` more of them must stay free (the running decodes' next pages)."""
         n = self.pages_needed(req, new_tokens)
         if n <= 0:
             return True
         self._make_free(n)
+        if self.windows is not None and not self._make_window_free(n + spare):
+            return False
         try:
             pages = self.pool.alloc(n)
         except OutOfPagesError:
             return False
+        if self.windows is not None:
+            self.windows.attach(pages)
         self.table.write(req.page_row, len(req.pages), pages)
         req.pages.extend(pages)
         return True
@@ -131,6 +213,11 @@ class KVManager:
         """A step computed `n` more positions of `req`; with `cache` (a prefill chunk) its whole
         pages enter the tree at once, so later requests reuse a prompt mid-prefill."""
         req.kv_len += n
+        if self.windows is not None:   # its own pages its window has passed
+            start, end = max(req.window_trimmed, req.tree_len // self.page_size), self._window_start(req.kv_len)
+            if end > start:
+                self.windows.detach(req.pages[start:end])
+                req.window_trimmed = end
         if cache:
             self.cache_prefix(req)
 
@@ -144,8 +231,13 @@ class KVManager:
         k = n // self.page_size
         # pages another request cached first are copies: read the tree's instead
         salt = req.params.cache_salt
-        self.pool.free(self.tree.insert(req.token_ids[:n], req.pages[:k], salt).duplicates)
+        duplicates = self.tree.insert(req.token_ids[:n], req.pages[:k], salt).duplicates
         tree_pages, node = self.tree.match_prefix(req.token_ids[:n], salt)
+        if self.windows is not None:   # a cached page that gave its window page back takes this copy's
+            for mine, theirs in zip(req.pages[:k], tree_pages):
+                if mine != theirs and self.windows.of(theirs) == NONE and self.windows.of(mine) != NONE:
+                    self.windows.move(mine, theirs)
+        self._free(duplicates)
         if tree_pages != req.pages[:k]:
             req.pages[:k] = tree_pages
             self.table.write(req.page_row, 0, tree_pages)
@@ -168,20 +260,22 @@ class KVManager:
             return
         if cache:
             self.cache_prefix(req)
-        self.pool.free(req.pages[req.tree_len // self.page_size:])
+        self._free(req.pages[req.tree_len // self.page_size:])
         if req.tree_node is not None:
             self.tree.unlock(req.tree_node)
         self.table.free_row(req.page_row)
+        self._active.pop(req.page_row, None)
         req.pages, req.tree_node, req.tree_len, req.kv_len, req.page_row = [], None, 0, 0, -1
+        req.window_trimmed = 0
 
     def drop_unused(self, salt: Optional[str] = None, every_salt: bool = True) -> int:
         """Drop the cached prefixes no request holds (all, or one salt's); returns the tokens dropped."""
         pages = self.tree.drop_unused(salt, every_salt)
-        self.pool.free(pages)
+        self._free(pages)
         if self.disk is not None:
             self.disk.store.drop(None if every_salt else root_hash(salt))
         return len(pages) * self.page_size
 
     def flush(self) -> None:
         """Drop all cached prefixes (only when no request holds any)."""
-        self.pool.free(self.tree.reset())
+        self._free(self.tree.reset())

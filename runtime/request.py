@@ -138,6 +138,7 @@ class Request:
     page_row: int = -1                     # row in RequestPageTable while running
     tree_node: Any = None                  # locked radix node covering positions [0, tree_len)
     tree_len: int = 0
+    window_trimmed: int = 0                # its own pages before this one gave their window pages back
     cached_tokens: int = 0                 # prompt tokens served from the radix cache (first admission)
     disk_hit_tokens: int = 0               # of them, read back from the disk tier
     disk_load: Any = None                  # disk_tier.DiskLoad: pages read ahead while it waited

@@ -205,7 +205,7 @@ class Scheduler:
             # alone, a request always fits (submit rejects any that could not); next to others,
             # its own future pages and theirs must fit in what is free or evictable
             fits = not self.running or self.kv.available_pages() - self.reservation.pages(req, p) >= reserved
-            if not fits or not self.kv.alloc(req, n):
+            if not fits or not self.kv.alloc(req, n, spare=len(self.running)):
                 self.kv.release(req, cache=False)
                 passed_over += 1
                 if scanned < order.strict or passed_over >= MAX_PASSED_OVER:

@@ -29,6 +29,8 @@ def assert_all_pages_free(engine: Engine) -> None:
     engine.check_idle_invariant()
     engine.flush_cache()
     assert engine.pool.num_free == engine.pool.num_pages, "KV pages leaked"
+    if engine.windows is not None:
+        assert engine.windows.num_free == engine.windows.num_pages, "window pages leaked"
 
 
 @pytest.fixture

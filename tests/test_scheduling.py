@@ -104,7 +104,7 @@ def test_a_request_held_in_a_step_that_preempts_is_counted_once(monkeypatch):
     real_alloc = sim.kv.alloc
     # no page for anyone until a request is preempted: every running prompt is stuck, so the step
     # is planned twice, the follower held (behind the leader's prefill of what they share) each time
-    monkeypatch.setattr(sim.kv, "alloc", lambda req, n: sim.scheduler.stats.preemptions > 0 and real_alloc(req, n))
+    monkeypatch.setattr(sim.kv, "alloc", lambda req, n, **kw: sim.scheduler.stats.preemptions > 0 and real_alloc(req, n, **kw))
     batch = sim.step()
     assert sim.scheduler.stats.preemptions == 1 and batch.extends
     assert batch.held == [follower]
