@@ -5,9 +5,14 @@ its smallest, with and without the radix cache, at page sizes 1 and 4, and after
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.engine import Engine
 from radixserve.runtime.models.loader import load_model_files
 from radixserve.runtime.sampling_params import SamplingParams
+from .schedule_sim import SimEngine
 from .test_model_families import NEW_TOKENS, PROMPTS, hf_greedy
 from .tiny_models import build_tiny_model
 
@@ -21,13 +26,69 @@ def family(request, tmp_path_factory, default_model_files):
     return load_model_files(str(directory)), [hf_greedy(hf, p) for p in PROMPTS]
 
 
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("radix", [True, False])
-def test_smallest_window_pool_keeps_transformers_greedy_text(family, make_engine, page_size, radix):
+def test_smallest_window_pool_keeps_transformers_greedy_text(family, make_engine, page_size, radix, backend):
     files, expected = family
     engine = make_engine(files, page_size=page_size, chunked_prefill_size=5, kv_cache_tokens=1024,
-                         swa_full_tokens_ratio=0.001, disable_radix_cache=not radix)
+                         swa_full_tokens_ratio=0.001, disable_radix_cache=not radix, attention_backend=backend)
     assert engine.windows.num_pages * page_size < 1024 // 8
     engine.generate(PROMPTS[0], GREEDY)
     assert [r.token_ids for r in engine.generate(PROMPTS, GREEDY)] == expected
     engine.check_idle_invariant()
+
+
+def test_window_layers_take_a_pool_of_their_own_smaller_than_the_kv_pool(family, make_engine):
+    files, _ = family
+    engine = make_engine(files, kv_cache_tokens=1024, page_size=4, chunked_prefill_size=8, swa_full_tokens_ratio=0.25)
+    kv, windowed = engine.kv_cache, [files.config.window(i) is not None for i in range(files.config.num_layers)]
+    assert kv.full.k.shape[:2] == (windowed.count(False), 1024 // 4 + 1)
+    assert kv.windowed.k.shape[:2] == (windowed.count(True), 256 // 4 + 1)
+
+
+def test_a_window_pool_never_holds_less_than_one_requests_window_and_chunk(family, make_engine):
+    files, _ = family
+    engine = make_engine(files, kv_cache_tokens=1024, page_size=4, chunked_prefill_size=8, swa_full_tokens_ratio=0.001)
+    assert engine.windows.num_pages * 4 >= files.config.sliding_window + 8 + 2 * 4
+
+
+def test_a_restarted_engine_reads_a_windowed_prefix_back_from_disk_with_the_same_text(family, make_engine, tmp_path):
+    files, expected = family
+    config = dict(dtype="float32", page_size=4, chunked_prefill_size=5, kv_cache_tokens=1024,
+                  max_running_requests=16, swa_full_tokens_ratio=0.001, cache_dir=str(tmp_path))
+    first = Engine(EngineConfig(**config), model_files=files)
+    try:
+        assert first.generate(PROMPTS[0], GREEDY)[0].token_ids == expected[0]
+    finally:
+        first.shutdown()
+    again = make_engine(files, **config)
+    results = again.generate(PROMPTS, GREEDY)
+    assert [r.token_ids for r in results] == expected
+    assert again.stats().prefix_cache_disk_hit_tokens >= len(PROMPTS[0]) // 4 * 4 - 4
+
+
+SYSTEMS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 50, 60, 70], [90, 91, 92, 93, 94, 95, 96, 97]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(page_size=st.sampled_from([1, 2, 4]), window=st.integers(1, 12), spare=st.integers(0, 24),
+       radix=st.booleans(), kv_tokens=st.integers(40, 96), chunk=st.integers(3, 9),
+       prompts=st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(100, 104), max_size=12),
+                                  st.integers(1, 12)), min_size=1, max_size=10))
+def test_every_read_finds_its_own_prefix_under_any_window_pool(page_size, window, spare, radix, kv_tokens, chunk,
+                                                              prompts):
+    """Against a naive reference (what each slot was last computed from), through the real scheduler:
+    every position a step reads, globally or through a window, holds the request's own prefix,
+    whatever the pool sizes, evictions, tombstones, truncated hits and preemptions in between."""
+    # (any prompt and its output fit the KV pool, as submit demands)
+    sim = SimEngine(kv_cache_tokens=kv_tokens - kv_tokens % page_size, page_size=page_size, window=window,
+                    window_tokens=window + chunk + 2 * page_size + spare, chunked_prefill_size=chunk,
+                    max_batched_tokens=16, max_running_requests=4, disable_radix_cache=not radix, max_context=64)
+    for system, tail, max_tokens in prompts:
+        sim.submit(SYSTEMS[system] + tail, max_tokens=max_tokens)
+    sim.run(max_steps=2000)
+    assert len(sim.finished) == len(prompts)
+    sim.kv.flush()
+    assert sim.kv.pool.num_free == sim.kv.pool.num_pages
+    assert sim.kv.windows.num_free == sim.kv.windows.num_pages
