@@ -30,6 +30,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--swa-full-tokens-ratio", type=float, default=d.swa_full_tokens_ratio,
                    help="sliding-window layers' KV pool as a share of the KV pool (models with such layers)")
+    p.add_argument("--disable-hybrid-swa-memory", action="store_true",
+                   help="sliding-window layers keep every position's K/V, as global layers do")
     p.add_argument("--cache-dir", default=None,
                    help="keep the prefix cache's evicted pages in this directory; they survive restarts")
     p.add_argument("--cache-dir-size", type=parse_size, default=d.cache_dir_size,

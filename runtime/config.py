@@ -29,6 +29,7 @@ class EngineConfig:
     # sliding-window layers keep K/V only for positions some window still reads, in a pool this
     # share of the KV pool's size (SGLang's name); what is cached beyond it keeps its global layers
     swa_full_tokens_ratio: float = 0.5
+    disable_hybrid_swa_memory: bool = False   # every layer keeps every position (and CUDA graphs stay on)
     # the prefix cache's disk tier: evicted and new pages are kept under this directory, bounded
     # by `cache_dir_size` bytes (LRU), and read back on a hit, after restarts too
     cache_dir: Optional[str] = None

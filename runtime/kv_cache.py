@@ -65,11 +65,12 @@ class KVLayers:
 def kv_cache_tokens(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, free_bytes: int) -> int:
     """Token slots in the KV pool: `--kv-cache-tokens`, else `--mem-fraction` of `free_bytes`
     (with sliding-window layers, whose window pool is `swa_full_tokens_ratio` of it, those count
-    for that share of a token)."""
+    for that share of a token; with `disable_hybrid_swa_memory` in full)."""
     if config.kv_cache_tokens is not None:
         tokens = config.kv_cache_tokens
     else:
-        windowed = sum(1 for i in range(mc.num_layers) if mc.window(i) is not None)
+        windowed = 0 if config.disable_hybrid_swa_memory else \
+            sum(1 for i in range(mc.num_layers) if mc.window(i) is not None)
         share = config.swa_full_tokens_ratio if windowed else 1.0
         per_token = KVCache.bytes_per_token(mc.num_layers - windowed, mc.num_kv_heads, mc.head_dim, dtype) + \
             share * KVCache.bytes_per_token(windowed, mc.num_kv_heads, mc.head_dim, dtype)
@@ -86,7 +87,7 @@ def window_tokens(config: EngineConfig, mc: ModelConfig, tokens: int) -> Optiona
     """Slots of the sliding-window layers' own pool beside a KV pool of `tokens`; None without such
     layers. `swa_full_tokens_ratio` of the pool, and never less than one request needs at once:
     its window and a chunk of new tokens, each rounded out to pages."""
-    if mc.sliding_window is None:
+    if mc.sliding_window is None or config.disable_hybrid_swa_memory:
         return None
     p = config.page_size
     least = mc.sliding_window + min(config.chunked_prefill_size, config.max_batched_tokens) + 2 * p

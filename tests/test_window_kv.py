@@ -92,3 +92,12 @@ def test_every_read_finds_its_own_prefix_under_any_window_pool(page_size, window
     sim.kv.flush()
     assert sim.kv.pool.num_free == sim.kv.pool.num_pages
     assert sim.kv.windows.num_free == sim.kv.windows.num_pages
+
+
+def test_without_hybrid_swa_memory_every_layer_keeps_every_position(family, make_engine):
+    files, expected = family
+    engine = make_engine(files, page_size=4, chunked_prefill_size=5, kv_cache_tokens=1024,
+                         disable_hybrid_swa_memory=True)
+    assert engine.windows is None and engine.kv_cache.windowed is None
+    assert engine.kv_cache.full.k.shape[0] == files.config.num_layers
+    assert [r.token_ids for r in engine.generate(PROMPTS, GREEDY)] == expected
