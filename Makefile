@@ -57,6 +57,7 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/jump_forward.py --rounds 2 --concurrency 1 --out bench/results/jump_forward_c1.json
 	HF_HUB_OFFLINE=1 $(PY) bench/gemm.py --prefill 512 2000
 	HF_HUB_OFFLINE=1 $(PY) bench/families.py --rounds 3 --parts tiny,moe,moe-gguf
+	HF_HUB_OFFLINE=1 $(PY) bench/window_kv.py --rounds 2
 	HF_HUB_OFFLINE=1 $(PY) bench/lifecycle_load.py
 	HF_HUB_OFFLINE=1 $(PY) bench/responses.py
 	HF_HUB_OFFLINE=1 $(PY) bench/tool_calls.py

@@ -5,7 +5,7 @@ written with transformers' own class), served with the window pool (`hybrid`, th
 bytes of KV cache:
 
 - `memory`: KV bytes a token takes, and the tokens a pool of the same bytes holds;
-- `concurrent`: six requests with distinct ~1,500-token prompts, 32 tokens each, sent at once:
+- `concurrent`: six requests with distinct ~1,500-token prompts, 128 tokens each, sent at once:
   wall time, output tokens per second, and the most that ran at once (without the window pool two
   fit; with it, more);
 - `tpot`: one request's decode step at ~3,000 tokens of context (the window pool's cost a step:
@@ -44,7 +44,7 @@ from radixserve.runtime.sampling_params import SamplingParams  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "window_kv.json"
 RATIO = 0.25
 FULL_TOKENS = 4096          # the pool without the window pool; the hybrid one gets the same bytes
-REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 6, 1500, 32
+REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 6, 1500, 128
 
 
 def config(hybrid: bool, tokens: int) -> EngineConfig:

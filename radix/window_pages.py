@@ -28,7 +28,7 @@ class WindowPages:
         self._host = np.full(num_pages + 1, num_window_pages, dtype=np.int64)
         host = torch.from_numpy(self._host)
         device = torch.device(device)
-        self.map = host if device.type == "cpu" else torch.zeros_like(host, device=device)
+        self.map = host if device.type == "cpu" else host.to(device)
         self._dirty = False
 
     @property

@@ -195,6 +195,8 @@ class Engine:
             prompt_tokens=sched.stats.prompt_tokens, generation_tokens=self.outputs.generation_tokens,
             preemptions=sched.stats.preemptions, evicted_tokens=kv.evicted_tokens,
             kv_pages_used=kv.pages_used, kv_pages_cached=kv.pages_cached, kv_pages_free=kv.pages_free,
+            window_pages=0 if self.windows is None else self.windows.num_pages,
+            window_pages_free=0 if self.windows is None else self.windows.num_free,
             last_step_seconds=loop.last_step_seconds, last_batch_size=loop.last_batch_size,
             # dict() copies in one C call, so the loop thread adding a key meanwhile cannot break it
             cache_keys={k: (v[0], v[1]) for k, v in dict(sched.stats.by_cache_key).items()},

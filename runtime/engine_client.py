@@ -77,6 +77,8 @@ class EngineStats:
     cache_dir: Optional[StoreStats] = None   # the disk tier's files and traffic (None: no --cache-dir)
     cache_dir_max_bytes: int = 0
     forced_tokens: int = 0          # of generation_tokens, appended by jump-forward without a step
+    window_pages: int = 0           # the sliding-window layers' own pool (0: none)
+    window_pages_free: int = 0
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,8 @@ class KVManager:
 
     def _make_window_free(self, n: int) -> bool:
         """Have `n` window pages free, taking them from the least recently used cached pages that no
-        running request's window reaches; False (and nothing taken) if there are not that many."""
+        running request's window reaches; False (and nothing taken) if there are not that many.
+        A pass walks the whole tree, so it takes at least 1/16 of the pool, not one page a call."""
         short = n - self.windows.num_free
         if short <= 0:
             return True
@@ -179,10 +180,10 @@ class KVManager:
         for r in self._active.values():
             reached.update(r.pages[self._window_start(r.kv_len):])
         cached = [q for q in self.tree.pages_oldest_first() if q not in reached]
-        cached = [q for q, has in zip(cached, self.windows.has(cached)) if has][:short]
+        cached = [q for q, has in zip(cached, self.windows.has(cached)) if has]
         if len(cached) < short:
             return False
-        self.windows.detach(cached)
+        self.windows.detach(cached[:max(short, self.windows.num_pages // 16)])
         return True
 
     def _free(self, pages: list[int]) -> None:

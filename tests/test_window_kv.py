@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixserve.api.shell.metrics import ServerMetrics
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.engine import Engine
 from radixserve.runtime.models.loader import load_model_files
@@ -101,3 +102,16 @@ def test_without_hybrid_swa_memory_every_layer_keeps_every_position(family, make
     assert engine.windows is None and engine.kv_cache.windowed is None
     assert engine.kv_cache.full.k.shape[0] == files.config.num_layers
     assert [r.token_ids for r in engine.generate(PROMPTS, GREEDY)] == expected
+
+
+def test_metrics_count_the_window_pages_attached_and_free(family, make_engine):
+    files, _ = family
+    engine = make_engine(files, page_size=4, chunked_prefill_size=5, kv_cache_tokens=1024, swa_full_tokens_ratio=0.25)
+    metrics = ServerMetrics(lambda: engine)
+    stream = engine.submit(PROMPTS[0], GREEDY)
+    stream.wait_finished()
+    attached = engine.windows.num_pages - engine.windows.num_free
+    assert attached > 0   # the prompt's cached pages keep theirs while nothing needs them
+    text = metrics.exposition()[0].decode()
+    assert f'radixserve_kv_window_pages{{state="attached"}} {float(attached)}' in text
+    assert f'radixserve_kv_window_pages{{state="free"}} {float(engine.windows.num_free)}' in text

@@ -38,6 +38,12 @@ class _EngineCollector(Collector):
         for state, value in (("used", s.kv_pages_used), ("cached", s.kv_pages_cached), ("free", s.kv_pages_free)):
             pages.add_metric([state], value)
         yield pages
+        if s.window_pages:
+            window = GaugeMetricFamily("radixserve_kv_window_pages", "The sliding-window layers' own KV pages: "
+                                       "those some KV page holds (attached), free", labels=["state"])
+            window.add_metric(["attached"], s.window_pages - s.window_pages_free)
+            window.add_metric(["free"], s.window_pages_free)
+            yield window
         for name, doc, value in (
             ("radixserve_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
              s.prefix_cache_queried_tokens),
