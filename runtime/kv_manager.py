@@ -84,7 +84,8 @@ class KVManager:
 
     def _window_start(self, kv_len: int) -> int:
         """The first page the window of a request with `kv_len` computed positions still reads: its
-        next token, at position kv_len, sees positions kv_len - window + 1 onwards."""
+        next token, at position kv_len, sees positions kv_len - window + 1 onwards (counted here
+        from one position earlier)."""
         return max(0, kv_len - self.window) // self.page_size
 
     def pages_needed(self, req: Request, new_tokens: int) -> int:
