@@ -180,6 +180,10 @@ class KVManager:
         reached = set()
         for r in self._active.values():
             reached.update(r.pages[self._window_start(r.kv_len):])
+        # every page a window reaches has its window page: the rest is all there is to take, and a
+        # request that cannot be admitted should not walk the tree every step to find that out
+        if self.windows.num_pages - self.windows.num_free - len(reached) < short:
+            return False
         cached = [q for q in self.tree.pages_oldest_first() if q not in reached]
         cached = [q for q, has in zip(cached, self.windows.has(cached)) if has]
         if len(cached) < short:
