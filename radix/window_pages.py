@@ -8,7 +8,7 @@ local layer's page `p` at window page `map[p]`, the padding window page where `p
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -29,7 +29,8 @@ class WindowPages:
         host = torch.from_numpy(self._host)
         device = torch.device(device)
         self.map = host if device.type == "cpu" else host.to(device)
-        self._dirty = False
+        # entries changed since the last upload (on the CPU the map is the host array itself)
+        self._dirty: Optional[list[np.ndarray]] = None if device.type == "cpu" else []
 
     @property
     def num_free(self) -> int:
@@ -84,13 +85,17 @@ class WindowPages:
     def _set(self, idx: np.ndarray, window: np.ndarray) -> None:
         self._of[idx] = window
         self._host[idx] = np.where(window == NONE, self.pool.num_pages, window)
-        self._dirty = True
+        if self._dirty is not None:
+            self._dirty.append(idx.copy())
 
     def upload(self, send: Callable[[Any, torch.dtype], torch.Tensor]) -> None:
-        """Copy the map to the device after changes (on the CPU the map is the host array itself)."""
-        if self._dirty and self.map.device.type != "cpu":
-            self.map.copy_(send(self._host, torch.int64))
-        self._dirty = False
+        """Copy the entries changed since the last upload to the device map, in one copy."""
+        if not self._dirty:
+            return
+        idx = np.unique(np.concatenate(self._dirty))
+        self._dirty.clear()
+        flat = send(np.concatenate([idx, self._host[idx]]), torch.int64)
+        self.map.index_copy_(0, flat[:len(idx)], flat[len(idx):])
 
     def slots(self, slots: np.ndarray) -> np.ndarray:
         """KV slot indices -> the same positions' slots in the window pool."""

@@ -78,7 +78,7 @@ def make_attention_backend(name: str, kv_cache: KVCache, page_table: torch.Tenso
 def make_split_attention(name: str, kv: KVLayers, page_table: torch.Tensor, windows: WindowPages,
                          num_heads: int, platform: Platform, window: int, sinks: bool = False) -> SplitAttention:
     """A model whose sliding-window layers keep their K/V in their own pool: one backend each."""
-    window_table = torch.zeros_like(page_table)
+    window_table = torch.full_like(page_table, windows.num_pages)   # the window pool's padding page
     return SplitAttention(make_attention_backend(name, kv.full, page_table, num_heads, platform, None, sinks),
                           make_attention_backend(name, kv.windowed, window_table, num_heads, platform, window,
                                                  sinks, window_only=True),

@@ -54,7 +54,7 @@ class SplitAttention:
     def prepare(self, layout: BatchLayout) -> SplitMetadata:
         self.windows.upload(self.platform.upload)
         rows = sorted({s.page_row for s in layout.decodes} | {s.page_row for s in layout.extends})
-        idx = torch.tensor(rows, dtype=torch.long, device=self.table.device)
+        idx = self.platform.upload(rows, torch.long)
         self.window_table[idx] = self.windows.map[self.table[idx]]
         of = self.windows.host_map()
         windowed = BatchLayout(layout.page_size, layout.ids, layout.positions, [], layout.sample_rows,

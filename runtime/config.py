@@ -7,6 +7,11 @@ from typing import Optional
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "priority")
 GRAMMAR_BACKENDS = ("xgrammar", "outlines-core")
 ATTENTION_BACKENDS = ("auto", "triton", "cpu", "torch")
+# Output tokens not yet computed (a run a grammar forced, by jump-forward) are laid out as that many
+# decode rows, each attending to the context up to itself, up to this many: the step stays a decode
+# step (the CPU's whole-layer kernel, CUDA graphs) and every row is computed as a decode computes it,
+# so the text is the same as decoding the run token by token. Longer runs go as an extend.
+MAX_DECODE_ROWS = 32
 
 
 @dataclass

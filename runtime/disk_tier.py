@@ -109,10 +109,10 @@ class DiskTier:
         p, store = self.page_size, self.store
         new = []
         for i, h in enumerate(hashes):
-            if self.windows is not None and self.windows.of(pages[i]) == NONE:
-                continue   # its window layers' K/V are gone: it cannot be written whole
             if not store.has(h):
-                new.append(i)
+                # a page whose window layers' K/V are gone cannot be written whole
+                if self.windows is None or self.windows.of(pages[i]) != NONE:
+                    new.append(i)
             elif retain_until and store.retention(h) < retain_until:
                 store.retain(h, retain_until)
         if not new:

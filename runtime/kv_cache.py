@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.config import MAX_DECODE_ROWS, EngineConfig
 from radixserve.runtime.models.config import ModelConfig
 from radixserve.runtime.platform import get_platform
 
@@ -86,10 +86,13 @@ def kv_cache_tokens(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, f
 def window_tokens(config: EngineConfig, mc: ModelConfig, tokens: int) -> Optional[int]:
     """Slots of the sliding-window layers' own pool beside a KV pool of `tokens`; None without such
     layers. `swa_full_tokens_ratio` of the pool, and never less than one request needs at once:
-    its window and a chunk of new tokens, each rounded out to pages."""
+    its window and a chunk of new tokens, each rounded out to pages (a small pool may so take more
+    than its share of `--mem-fraction`)."""
     if mc.sliding_window is None or config.disable_hybrid_swa_memory:
         return None
     p = config.page_size
-    least = mc.sliding_window + min(config.chunked_prefill_size, config.max_batched_tokens) + 2 * p
+    # a chunk of prompt, or a run of forced tokens (jump-forward's decode rows)
+    new = max(min(config.chunked_prefill_size, config.max_batched_tokens), MAX_DECODE_ROWS)
+    least = mc.sliding_window + new + 2 * p
     n = max(math.ceil(config.swa_full_tokens_ratio * tokens), least)
     return min(tokens, -(-n // p) * p)

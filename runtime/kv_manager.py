@@ -103,10 +103,12 @@ class KVManager:
         pages, node = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1], req.params.cache_salt)
         self.tree.lock(node)
         load, req.disk_load = req.disk_load, None
+        cached = len(pages)
         if load is not None:
             pages, node = self._read_back(req, pages, node, load)
         if self.windows is not None:
             pages, node = self._window_usable(req, pages, node)
+            req.disk_hit_tokens = min(req.disk_hit_tokens, max(0, len(pages) - cached) * self.page_size)
         self.tree.record_hit(node)
         n = len(pages) * self.page_size
         req.tree_node, req.tree_len, req.kv_len, req.pages = node, n, n, pages
@@ -116,13 +118,12 @@ class KVManager:
     def _window_usable(self, req: Request, pages: list[int], node):
         """The longest part of the locked prefix `pages` (ending at `node`) whose last window has
         all its window pages, returned locked instead."""
-        n, has = len(pages), self.windows.has(pages)
-        while n:
-            start = self._window_start(n * self.page_size)
-            missing = np.flatnonzero(~has[start:n])
-            if not len(missing):
-                break
-            n = start + int(missing[-1])   # the prefix that ends just before the last one missing
+        # missing[j]: pages without a window page among the first j; a prefix of n pages is usable
+        # when none is missing from its window's first page to its end
+        missing = np.concatenate(([0], np.cumsum(~self.windows.has(pages))))
+        ends = np.arange(len(pages) + 1)
+        starts = np.maximum(ends * self.page_size - self.window, 0) // self.page_size
+        n = int(np.flatnonzero(missing[ends] == missing[starts])[-1])
         if n == len(pages):
             return pages, node
         pages, shorter = self.tree.match_prefix(req.token_ids[:n * self.page_size], req.params.cache_salt)
@@ -141,9 +142,10 @@ class KVManager:
             return pages, node
         self._make_free(k)
         new = self.pool.alloc(k)
-        if self.windows is not None:   # the window pages the prefix's end needs, if there are enough free
-            reach = new[max(0, self._window_start((start + k) * p) - start):]
-            if len(reach) <= self.windows.num_free:
+        if self.windows is not None:   # the window pages the prefix's end needs, if they can be had
+            first = self._window_start((start + k) * p)
+            reach = new[max(0, first - start):]
+            if self._make_window_free(len(reach), keep=set(pages[first:])):
                 self.windows.attach(reach)
         self.disk.copy_in(new, reads[:k])
         tokens, salt = req.token_ids[:(start + k) * p], req.params.cache_salt
@@ -170,19 +172,26 @@ class KVManager:
         self._free(dropped)
         self.evicted_tokens += len(dropped) * self.page_size
 
-    def _make_window_free(self, n: int) -> bool:
-        """Have `n` window pages free, taking them from the least recently used cached pages that no
-        running request's window reaches; False (and nothing taken) if there are not that many.
-        A pass walks the whole tree, so it takes at least 1/16 of the pool, not one page a call."""
-        short = n - self.windows.num_free
-        if short <= 0:
-            return True
+    def _window_reached(self) -> set[int]:
         reached = set()
         for r in self._active.values():
             reached.update(r.pages[self._window_start(r.kv_len):])
-        # every page a window reaches has its window page: the rest is all there is to take, and a
-        # request that cannot be admitted should not walk the tree every step to find that out
-        if self.windows.num_pages - self.windows.num_free - len(reached) < short:
+        return reached
+
+    def _window_room(self, n: int, reached: set[int]) -> bool:
+        """Whether `n` window pages could be had: every page a window reaches holds one, and only the
+        rest can be taken (so a request that cannot be admitted does not walk the tree every step)."""
+        return self.windows.num_pages - len(reached) >= n
+
+    def _make_window_free(self, n: int, keep: frozenset | set = frozenset()) -> bool:
+        """Have `n` window pages free, taking them from the least recently used cached pages that no
+        running request's window reaches (nor `keep`); False (and nothing taken) if there are not
+        that many. A pass walks the whole tree, so it takes at least 1/16 of the pool, not one page."""
+        short = n - self.windows.num_free
+        if short <= 0:
+            return True
+        reached = self._window_reached() | keep
+        if not self._window_room(n, reached):
             return False
         cached = [q for q in self.tree.pages_oldest_first() if q not in reached]
         cached = [q for q, has in zip(cached, self.windows.has(cached)) if has]
@@ -202,6 +211,10 @@ class KVManager:
         n = self.pages_needed(req, new_tokens)
         if n <= 0:
             return True
+        # nothing is evicted or given back for an allocation that cannot succeed
+        if n > self.available_pages() or (self.windows is not None and self.windows.num_free < n + spare
+                                          and not self._window_room(n + spare, self._window_reached())):
+            return False
         self._make_free(n)
         if self.windows is not None and not self._make_window_free(n + spare):
             return False
@@ -219,13 +232,13 @@ class KVManager:
         """A step computed `n` more positions of `req`; with `cache` (a prefill chunk) its whole
         pages enter the tree at once, so later requests reuse a prompt mid-prefill."""
         req.kv_len += n
+        if cache:   # first: pages cached keep their window pages (the next hit's window may need them)
+            self.cache_prefix(req)
         if self.windows is not None:   # its own pages its window has passed
             start, end = max(req.window_trimmed, req.tree_len // self.page_size), self._window_start(req.kv_len)
             if end > start:
                 self.windows.detach(req.pages[start:end])
                 req.window_trimmed = end
-        if cache:
-            self.cache_prefix(req)
 
     def cache_prefix(self, req: Request) -> None:
         """Insert the request's computed whole pages into the tree and hold them through it."""

@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.config import MAX_DECODE_ROWS, EngineConfig
 from radixserve.runtime.decode_reservation import DecodeReservation
 from radixserve.runtime.kv_manager import KVManager
 from radixserve.runtime.prefix_sharing import PrefixSharing
@@ -21,11 +21,6 @@ ADMISSION_SCAN_LIMIT = 256
 # Requests passed over for lack of pages per step, where the order allows it (each costs a
 # prefix match and a release).
 MAX_PASSED_OVER = 16
-# Output tokens not yet computed (a run a grammar forced, by jump-forward) are laid out as that many
-# decode rows, each attending to the context up to itself, up to this many: the step stays a decode
-# step (the CPU's whole-layer kernel, CUDA graphs) and every row is computed as a decode computes it,
-# so the text is the same as decoding the run token by token. Longer runs go as an extend.
-MAX_DECODE_ROWS = 32
 # Beside other running requests, a run is computed at most this many rows a step, and a step holds
 # at most this many rows of forced runs, all the requests' together (the rest next step; a request
 # samples once its run is all in): a step that carries long runs delays every request that arrives

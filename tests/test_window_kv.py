@@ -5,10 +5,12 @@ its smallest, with and without the radix cache, at page sizes 1 and 4, and after
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixserve.api.shell.metrics import ServerMetrics
+from radixserve.radix import WindowPages
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.engine import Engine
 from radixserve.runtime.models.loader import load_model_files
@@ -115,3 +117,48 @@ def test_metrics_count_the_window_pages_attached_and_free(family, make_engine):
     text = metrics.exposition()[0].decode()
     assert f'radixserve_kv_window_pages{{state="attached"}} {float(attached)}' in text
     assert f'radixserve_kv_window_pages{{state="free"}} {float(engine.windows.num_free)}' in text
+
+
+@pytest.mark.parametrize("ratio", [0.0, -0.5, 1.5])
+def test_a_window_pool_share_outside_zero_to_one_is_refused(ratio):
+    with pytest.raises(ValueError, match="swa-full-tokens-ratio"):
+        EngineConfig(swa_full_tokens_ratio=ratio).validate()
+
+
+def test_a_prompt_cached_in_one_chunk_keeps_the_window_pages_a_later_hit_needs(family, make_engine):
+    """Pages cached as their chunk lands keep their window pages until the pool runs short, even those
+    the chunk's own window has passed: a request sharing the prompt's start reads them."""
+    files, expected = family
+    engine = make_engine(files, page_size=1, chunked_prefill_size=64, kv_cache_tokens=1024, swa_full_tokens_ratio=1.0)
+    engine.generate(PROMPTS[0], GREEDY)
+    [second] = engine.generate([PROMPTS[1]], GREEDY)
+    assert second.cached_tokens == len(PROMPTS[0]) - 1 and second.token_ids == expected[1]
+
+
+def test_the_device_map_follows_the_host_map_through_uploads():
+    windows = WindowPages(8, 4, 2)
+    windows.map, windows._dirty = windows.map.clone(), []   # as on a GPU: a copy, sent on upload
+    send = lambda values, dtype: torch.tensor(values, dtype=dtype)  # noqa: E731
+    windows.attach([1, 5, 6])
+    windows.upload(send)
+    windows.detach([5])
+    windows.move(6, 2)
+    windows.upload(send)
+    assert windows.map.tolist() == windows.host_map().tolist()
+    assert windows.map[[1, 2, 5, 6, 8]].tolist()[2:] == [4, 4, 4]   # none, none, and the KV padding page
+
+
+def test_a_prefix_read_back_from_disk_takes_window_pages_from_older_cached_ones(family, make_engine, tmp_path):
+    """The window pool is full of later prompts' cached window pages when an evicted prompt comes
+    back from disk: the least recently used of them give theirs up, and the prompt is a hit."""
+    files, expected = family
+    engine = make_engine(files, page_size=1, chunked_prefill_size=16, kv_cache_tokens=256,
+                         swa_full_tokens_ratio=0.001, cache_dir=str(tmp_path))
+    engine.generate(PROMPTS[0], GREEDY)
+    for i in range(12):   # distinct prompts: the first one leaves the tree for the disk
+        engine.generate([5000 + 50 * i + j for j in range(15)], GREEDY)
+    assert engine.kv.evicted_tokens > 0 and engine.windows.num_free < files.config.sliding_window
+    [again] = engine.generate([PROMPTS[0]], GREEDY)
+    hit = len(PROMPTS[0]) - 1
+    assert again.token_ids == expected[0]
+    assert again.cached_tokens == hit and engine.stats().prefix_cache_disk_hit_tokens == hit
