@@ -145,7 +145,9 @@ class RemoteEngine:
             prompt_tokens=sum(r.prompt_tokens for r in reports),
             generation_tokens=sum(r.generation_tokens for r in reports), preemptions=0,
             kv_pages_used=sum(r.kv_pages_used for r in reports), kv_pages_cached=sum(r.kv_pages_cached for r in reports),
-            kv_pages_free=sum(r.kv_pages_free for r in reports), forced_tokens=sum(r.forced_tokens for r in reports))
+            kv_pages_free=sum(r.kv_pages_free for r in reports), forced_tokens=sum(r.forced_tokens for r in reports),
+            window_pages=sum(r.window_pages for r in reports),
+            window_pages_free=sum(r.window_pages_free for r in reports))
 
     def cached_prefixes(self, limit: int, by: str = "tokens", with_tokens: bool = False) -> list:
         """Each replica has its own tree, and the router sees only their page hashes: none listed."""

@@ -75,6 +75,8 @@ class ReplicaReport:
     kv_pages_cached: int = 0
     kv_pages_free: int = 0
     forced_tokens: int = 0
+    window_pages: int = 0      # the sliding-window layers' own pool (0: none), and of it free
+    window_pages_free: int = 0
 
     @property
     def queue(self) -> int:

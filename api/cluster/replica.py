@@ -68,7 +68,8 @@ class EngineReplica:
             kv_capacity_tokens=self.engine.kv_capacity_tokens, prefix_hit_tokens=s.prefix_cache_hit_tokens,
             prefix_queried_tokens=s.prefix_cache_queried_tokens, prompt_tokens=s.prompt_tokens,
             generation_tokens=s.generation_tokens, kv_pages_used=s.kv_pages_used, kv_pages_cached=s.kv_pages_cached,
-            kv_pages_free=s.kv_pages_free, forced_tokens=s.forced_tokens).to_stats()
+            kv_pages_free=s.kv_pages_free, forced_tokens=s.forced_tokens, window_pages=s.window_pages,
+            window_pages_free=s.window_pages_free).to_stats()
 
     def health(self) -> EngineHealth:
         return self.engine.health()
