@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from radixserve.radix import RadixCache, WindowPages
+from radixserve.radix import WindowPages
 from radixserve.radix.page_store import PageRead, PageStore, PageWrite
 from radixserve.radix.prefix_hash import page_hashes, root_hash
 from radixserve.radix.window_pages import NONE
@@ -134,9 +134,9 @@ class DiskTier:
         flat = both.reshape(len(pages), -1).view(torch.uint8).numpy()
         return list(flat)
 
-    def copy_in(self, pages: list[int], reads: list[PageRead]) -> None:
+    def copy_in(self, pages: list[int], reads: list[PageRead], window_only: bool = False) -> None:
         """Write pages read from disk into pool pages `pages` (and into their window pages, those
-        that have one)."""
+        that have one); `window_only`: into their window pages alone (the rest is in the pool)."""
         k, v = self.kv.full.k, self.kv.full.v
         shape = (2, len(self.kv.groups)) + tuple(k[0, 0].shape)
         for page, read in zip(pages, reads):
@@ -144,7 +144,8 @@ class DiskTier:
             if self.windows is None:
                 k[:, page], v[:, page] = src[0], src[1]
                 continue
-            k[:, page], v[:, page] = src[0, self._full_layers], src[1, self._full_layers]
+            if not window_only:
+                k[:, page], v[:, page] = src[0, self._full_layers], src[1, self._full_layers]
             w = self.windows.of(page)
             if w != NONE:
                 self.kv.windowed.k[:, w] = src[0, self._window_layers]
@@ -159,14 +160,13 @@ class DiskTier:
     def read_ahead_bytes(self) -> int:
         return self._read_ahead_bytes
 
-    def read_ahead(self, req: Request, tree: RadixCache, max_pages: int) -> bool:
-        """Start reading the pages on disk that continue `req`'s prompt past what the tree holds;
-        whether it did (the request then waits for `poll`)."""
+    def read_ahead(self, req: Request, held: int, max_pages: int) -> bool:
+        """Start reading the pages on disk that continue `req`'s prompt past the `held` pages the tree
+        can give it; whether it did (the request then waits for `poll`)."""
         p, salt = self.page_size, req.params.cache_salt
         limit = req.num_tokens - 1   # the last prompt token is always computed: its logits sample
         tokens = req.token_ids[: limit - limit % p]
-        held = tree.match_length(tokens, len(tokens), salt)[0] // p
-        if held == len(tokens) // p:
+        if held >= len(tokens) // p:
             return False
         hashes = page_hashes(tokens, p, root_hash(salt))
         end = held

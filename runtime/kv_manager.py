@@ -103,27 +103,36 @@ class KVManager:
         pages, node = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1], req.params.cache_salt)
         self.tree.lock(node)
         load, req.disk_load = req.disk_load, None
-        cached = len(pages)
+        usable = len(pages) if self.windows is None else self._usable(pages)
         if load is not None:
             pages, node = self._read_back(req, pages, node, load)
         if self.windows is not None:
             pages, node = self._window_usable(req, pages, node)
-            req.disk_hit_tokens = min(req.disk_hit_tokens, max(0, len(pages) - cached) * self.page_size)
+        if load is not None:   # what the tree alone could not have given
+            req.disk_hit_tokens = max(0, len(pages) - usable) * self.page_size
         self.tree.record_hit(node)
         n = len(pages) * self.page_size
         req.tree_node, req.tree_len, req.kv_len, req.pages = node, n, n, pages
         self.table.write(req.page_row, 0, pages)
         return n
 
-    def _window_usable(self, req: Request, pages: list[int], node):
-        """The longest part of the locked prefix `pages` (ending at `node`) whose last window has
-        all its window pages, returned locked instead."""
-        # missing[j]: pages without a window page among the first j; a prefix of n pages is usable
-        # when none is missing from its window's first page to its end
+    def reusable_pages(self, req: Request) -> int:
+        """Pages of `req`'s prompt the tree could give it now (what the disk tier reads on from)."""
+        pages, _ = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1], req.params.cache_salt)
+        return len(pages) if self.windows is None else self._usable(pages)
+
+    def _usable(self, pages: list[int]) -> int:
+        """How many of `pages` (a prefix) can be reused: as many as end with all the window pages
+        their last window reads. missing[j] counts the pages without one among the first j."""
         missing = np.concatenate(([0], np.cumsum(~self.windows.has(pages))))
         ends = np.arange(len(pages) + 1)
         starts = np.maximum(ends * self.page_size - self.window, 0) // self.page_size
-        n = int(np.flatnonzero(missing[ends] == missing[starts])[-1])
+        return int(np.flatnonzero(missing[ends] == missing[starts])[-1])
+
+    def _window_usable(self, req: Request, pages: list[int], node):
+        """The longest part of the locked prefix `pages` (ending at `node`) whose last window has
+        all its window pages, returned locked instead."""
+        n = self._usable(pages)
         if n == len(pages):
             return pages, node
         pages, shorter = self.tree.match_prefix(req.token_ids[:n * self.page_size], req.params.cache_salt)
@@ -133,27 +142,32 @@ class KVManager:
 
     def _read_back(self, req: Request, pages: list[int], node, load: DiskLoad):
         """Extend the tree's prefix `pages` (ending at the locked `node`) with the pages read from disk
-        that follow it, as far as the pool allows; the new path is returned locked instead."""
+        that follow it, as far as the pool allows; the new path is returned locked instead. With
+        window pages, the reads may start inside `pages` (where their window pages had been given
+        back): those the prefix's new end needs take theirs again, filled from disk."""
         self.disk.release(load)
         p, start = self.page_size, len(pages)
         reads = load.reads[start - load.first:] if load.first <= start else []
         k = min(len(reads), self.available_pages())
-        if k == 0:
-            return pages, node
         self._make_free(k)
         new = self.pool.alloc(k)
         if self.windows is not None:   # the window pages the prefix's end needs, if they can be had
             first = self._window_start((start + k) * p)
-            reach = new[max(0, first - start):]
-            if self._make_window_free(len(reach), keep=set(pages[first:])):
+            read = range(max(first, load.first), min(start, load.first + len(load.reads)))
+            again = [i for i in read if self.windows.of(pages[i]) == NONE]
+            reach = [pages[i] for i in again] + new[max(0, first - start):]
+            if reach and self._make_window_free(len(reach), keep=set(pages[first:])):
                 self.windows.attach(reach)
+                self.disk.copy_in([pages[i] for i in again], [load.reads[i - load.first] for i in again],
+                                  window_only=True)
+        if k == 0:
+            return pages, node
         self.disk.copy_in(new, reads[:k])
         tokens, salt = req.token_ids[:(start + k) * p], req.params.cache_salt
         self._free(self.tree.insert(tokens, pages + new, salt).duplicates)
         pages, deeper = self.tree.match_prefix(tokens, salt)
         self.tree.lock(deeper)
         self.tree.unlock(node)
-        req.disk_hit_tokens = k * p
         return pages, deeper
 
     def _make_free(self, n: int) -> None:

@@ -162,3 +162,19 @@ def test_a_prefix_read_back_from_disk_takes_window_pages_from_older_cached_ones(
     hit = len(PROMPTS[0]) - 1
     assert again.token_ids == expected[0]
     assert again.cached_tokens == hit and engine.stats().prefix_cache_disk_hit_tokens == hit
+
+
+def test_cached_pages_that_gave_their_window_pages_back_take_them_again_from_disk(family, make_engine, tmp_path):
+    """A prompt still in the tree, its window pages taken by later prompts: its window's pages are
+    filled again from their whole copies on disk, not recomputed."""
+    files, expected = family
+    engine = make_engine(files, page_size=1, chunked_prefill_size=16, kv_cache_tokens=2048,
+                         swa_full_tokens_ratio=0.001, cache_dir=str(tmp_path))
+    engine.generate(PROMPTS[0], GREEDY)
+    for i in range(8):   # later prompts take the window pages; the pool keeps every page
+        engine.generate([5000 + 50 * i + j for j in range(15)], GREEDY)
+    assert engine.kv.evicted_tokens == 0
+    [again] = engine.generate([PROMPTS[0]], GREEDY)
+    assert again.token_ids == expected[0]
+    assert again.cached_tokens == len(PROMPTS[0]) - 1
+    assert 0 < engine.stats().prefix_cache_disk_hit_tokens <= len(PROMPTS[0]) - 1
