@@ -166,6 +166,15 @@ class RadixCache:
                 break
         return i, node
 
+    def prefix_pages(self, tokens: list[int], salt: Optional[str] = None) -> list[int]:
+        """The pages `match_prefix` would return, read only (as `match_length`)."""
+        n, node = self.match_length(tokens, len(tokens), salt)
+        parts = []
+        while node is not self.root:
+            parts.append(node.pages)
+            node = node.parent
+        return [q for pages in reversed(parts) for q in pages][: n // self.page_size]
+
     def page_hash_summary(self, limit: int) -> tuple[list[int], bool]:
         """Hashes (`prefix_hash.page_hashes`) of the cached page-aligned prefixes, most recently
         used first, at most `limit` of them, and whether any were left out. Whole edges are taken

@@ -161,8 +161,9 @@ class DiskTier:
         return self._read_ahead_bytes
 
     def read_ahead(self, req: Request, held: int, max_pages: int) -> bool:
-        """Start reading the pages on disk that continue `req`'s prompt past the `held` pages the tree
-        can give it; whether it did (the request then waits for `poll`)."""
+        """Start reading the pages of `req`'s prompt on disk from page `held` on (where the tree's
+        prefix ends, or its window: KVManager.disk_read_start); whether it did (the request then
+        waits for `poll`)."""
         p, salt = self.page_size, req.params.cache_salt
         limit = req.num_tokens - 1   # the last prompt token is always computed: its logits sample
         tokens = req.token_ids[: limit - limit % p]

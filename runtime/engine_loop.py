@@ -389,7 +389,7 @@ class EngineLoop:
     def _queue(self, req: Request) -> None:
         """Into the waiting queue; first, where its prompt continues on disk, read those pages."""
         disk = self.kv.disk
-        if disk is None or not disk.read_ahead(req, self.kv.reusable_pages(req), self.kv.pool.num_pages):
+        if disk is None or not disk.read_ahead(req, self.kv.disk_read_start(req), self.kv.pool.num_pages):
             self.scheduler.add(req)
 
     def _on_abort(self, m: Abort) -> None:

@@ -110,16 +110,24 @@ class KVManager:
             pages, node = self._window_usable(req, pages, node)
         if load is not None:   # what the tree alone could not have given
             req.disk_hit_tokens = max(0, len(pages) - usable) * self.page_size
+        # a request matched again (after admission failed) keeps its count only as far as it holds
+        req.disk_hit_tokens = min(req.disk_hit_tokens, len(pages) * self.page_size)
         self.tree.record_hit(node)
         n = len(pages) * self.page_size
         req.tree_node, req.tree_len, req.kv_len, req.pages = node, n, n, pages
         self.table.write(req.page_row, 0, pages)
         return n
 
-    def reusable_pages(self, req: Request) -> int:
-        """Pages of `req`'s prompt the tree could give it now (what the disk tier reads on from)."""
-        pages, _ = self.tree.match_prefix(req.token_ids[: req.num_tokens - 1], req.params.cache_salt)
-        return len(pages) if self.windows is None else self._usable(pages)
+    def disk_read_start(self, req: Request) -> int:
+        """The page of `req`'s prompt the disk tier reads on from: where the tree's prefix ends, or,
+        where that prefix's window lacks window pages, where its window starts (`_read_back` fills
+        them again from their copies on disk). Read only: nothing is split, locked or refreshed."""
+        tokens = req.token_ids[: req.num_tokens - 1]
+        if self.windows is None:
+            return self.tree.match_length(tokens, len(tokens), req.params.cache_salt)[0] // self.page_size
+        pages = self.tree.prefix_pages(tokens, req.params.cache_salt)
+        m = len(pages)
+        return m if self._usable(pages) == m else self._window_start(m * self.page_size)
 
     def _usable(self, pages: list[int]) -> int:
         """How many of `pages` (a prefix) can be reused: as many as end with all the window pages
@@ -146,17 +154,20 @@ class KVManager:
         window pages, the reads may start inside `pages` (where their window pages had been given
         back): those the prefix's new end needs take theirs again, filled from disk."""
         self.disk.release(load)
-        p, start = self.page_size, len(pages)
+        p, start, read_end = self.page_size, len(pages), load.first + len(load.reads)
         reads = load.reads[start - load.first:] if load.first <= start else []
         k = min(len(reads), self.available_pages())
         self._make_free(k)
         new = self.pool.alloc(k)
-        if self.windows is not None:   # the window pages the prefix's end needs, if they can be had
-            first = self._window_start((start + k) * p)
-            read = range(max(first, load.first), min(start, load.first + len(load.reads)))
-            again = [i for i in read if self.windows.of(pages[i]) == NONE]
+        if self.windows is not None:   # the window pages the prefix's end needs, where they can be had
+            end = start + k if read_end >= start else read_end   # reads that stop short: a shorter end
+            first = self._window_start(end * p)
+            again = [i for i in range(first, min(end, start)) if self.windows.of(pages[i]) == NONE]
             reach = [pages[i] for i in again] + new[max(0, first - start):]
-            if reach and self._make_window_free(len(reach), keep=set(pages[first:])):
+            # none for an end whose window would still lack some; the prefix's own are not taken
+            own = {q for q in pages if self.windows.of(q) != NONE}
+            if reach and end > self._usable(pages) and all(load.first <= i < read_end for i in again) and \
+                    self._make_window_free(len(reach), keep=own):
                 self.windows.attach(reach)
                 self.disk.copy_in([pages[i] for i in again], [load.reads[i - load.first] for i in again],
                                   window_only=True)

@@ -269,6 +269,9 @@ def test_random_requests_keep_every_page_free_cached_or_held_once(ops, page_size
             if pages is not None:
                 insert(salt, aligned, pages)
         elif op == "match":
+            num_nodes = tree.num_nodes
+            assert tree.prefix_pages(tokens, salt) == longest_cached(salt, tokens)
+            assert tree.num_nodes == num_nodes   # read only: no edge was split
             assert tree.match_prefix(tokens, salt)[0] == longest_cached(salt, tokens)
             assert tree.match_length(tokens, len(tokens), salt)[0] == len(longest_cached(salt, tokens)) * p
             check_summary(limit=n)

@@ -93,7 +93,8 @@ class ReplicaReport:
         """None for anything that is not a report (Ray's default empty stats before the first one)."""
         if not stats or stats.get("schema") != "radixserve.replica_report.v1":
             return None
-        values = {k: stats[k] for k in cls.__dataclass_fields__ if k != "hashes"}
+        # fields a replica of an earlier version does not send keep their defaults
+        values = {k: stats[k] for k in cls.__dataclass_fields__ if k != "hashes" and k in stats}
         hashes = frozenset(np.frombuffer(stats["hashes"], dtype=np.uint64).tolist())
         return cls(hashes=hashes, **values)
 
