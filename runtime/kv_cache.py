@@ -65,16 +65,19 @@ class KVLayers:
 def kv_cache_tokens(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, free_bytes: int) -> int:
     """Token slots in the KV pool: `--kv-cache-tokens`, else `--mem-fraction` of `free_bytes`
     (with sliding-window layers, whose window pool is `swa_full_tokens_ratio` of it, those count
-    for that share of a token; with `disable_hybrid_swa_memory` in full)."""
+    for that share of a token, and the window pool's floor is paid first where it is larger; with
+    `disable_hybrid_swa_memory` in full)."""
     if config.kv_cache_tokens is not None:
         tokens = config.kv_cache_tokens
     else:
         windowed = 0 if config.disable_hybrid_swa_memory else \
             sum(1 for i in range(mc.num_layers) if mc.window(i) is not None)
-        share = config.swa_full_tokens_ratio if windowed else 1.0
-        per_token = KVCache.bytes_per_token(mc.num_layers - windowed, mc.num_kv_heads, mc.head_dim, dtype) + \
-            share * KVCache.bytes_per_token(windowed, mc.num_kv_heads, mc.head_dim, dtype)
-        tokens = int(free_bytes * config.mem_fraction // per_token)
+        full = KVCache.bytes_per_token(mc.num_layers - windowed, mc.num_kv_heads, mc.head_dim, dtype)
+        window = KVCache.bytes_per_token(windowed, mc.num_kv_heads, mc.head_dim, dtype)
+        budget, floor = free_bytes * config.mem_fraction, _window_floor(config, mc) if windowed else 0
+        tokens = int(budget // (full + config.swa_full_tokens_ratio * window))
+        if config.swa_full_tokens_ratio * tokens < floor and full:   # the window pool's floor is paid first
+            tokens = int(max(0.0, budget - floor * window) // full)
         # more than every running request at full context can never be used at once
         tokens = min(tokens, config.max_running_requests * mc.max_context_len)
     tokens -= tokens % config.page_size
@@ -86,13 +89,16 @@ def kv_cache_tokens(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, f
 def window_tokens(config: EngineConfig, mc: ModelConfig, tokens: int) -> Optional[int]:
     """Slots of the sliding-window layers' own pool beside a KV pool of `tokens`; None without such
     layers. `swa_full_tokens_ratio` of the pool, and never less than one request needs at once:
-    its window and a chunk of new tokens, each rounded out to pages (a small pool may so take more
-    than its share of `--mem-fraction`)."""
+    its window and a chunk of new tokens, each rounded out to pages (`_window_floor`)."""
     if mc.sliding_window is None or config.disable_hybrid_swa_memory:
         return None
     p = config.page_size
-    # a chunk of prompt, or a run of forced tokens (jump-forward's decode rows)
-    new = max(min(config.chunked_prefill_size, config.max_batched_tokens), MAX_DECODE_ROWS)
-    least = mc.sliding_window + new + 2 * p
-    n = max(math.ceil(config.swa_full_tokens_ratio * tokens), least)
+    n = max(math.ceil(config.swa_full_tokens_ratio * tokens), _window_floor(config, mc))
     return min(tokens, -(-n // p) * p)
+
+
+def _window_floor(config: EngineConfig, mc: ModelConfig) -> int:
+    """What one request needs of the window pool at once: its window, and a chunk of prompt or a run
+    of forced tokens (jump-forward's decode rows), each rounded out to pages."""
+    new = max(min(config.chunked_prefill_size, config.max_batched_tokens), MAX_DECODE_ROWS)
+    return mc.sliding_window + new + 2 * config.page_size

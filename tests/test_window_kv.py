@@ -13,6 +13,7 @@ from radixserve.api.shell.metrics import ServerMetrics
 from radixserve.radix import WindowPages
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.engine import Engine
+from radixserve.runtime.kv_cache import KVCache, KVLayers, kv_cache_tokens, window_tokens
 from radixserve.runtime.models.loader import load_model_files
 from radixserve.runtime.sampling_params import SamplingParams
 from .schedule_sim import SimEngine
@@ -178,3 +179,17 @@ def test_cached_pages_that_gave_their_window_pages_back_take_them_again_from_dis
     assert again.token_ids == expected[0]
     assert again.cached_tokens == len(PROMPTS[0]) - 1
     assert 0 < engine.stats().prefix_cache_disk_hit_tokens <= len(PROMPTS[0]) - 1
+
+
+@pytest.mark.parametrize("ratio", [0.001, 0.5])
+def test_the_window_pool_and_the_kv_pool_fit_the_memory_share_together(family, ratio):
+    files, _ = family
+    mc, p = files.config, 4
+    config = EngineConfig(page_size=p, chunked_prefill_size=64, mem_fraction=0.5, swa_full_tokens_ratio=ratio)
+    free = 8 << 20
+    tokens = kv_cache_tokens(config, mc, torch.float32, free)
+    windows = window_tokens(config, mc, tokens)
+    kv = KVLayers.of(mc, tokens // p, windows // p, p, torch.float32, torch.device("cpu"))
+    size = sum(2 * c.k[:, :-1].numel() * c.k.element_size() for c in (kv.full, kv.windowed))   # less padding pages
+    page = KVCache.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, torch.float32) * p
+    assert free * 0.5 - 2 * page <= size <= free * 0.5
