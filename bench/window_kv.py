@@ -59,7 +59,7 @@ def kv_bytes(engine: Engine) -> int:
 def hybrid_tokens(path: Path) -> int:
     """The KV pool, in tokens, whose hybrid form takes the bytes of FULL_TOKENS without it."""
     mc = load_model_files(str(path), weights=False).config
-    windowed = sum(1 for i in range(mc.num_layers) if mc.window(i) is not None)
+    windowed = mc.num_windowed_layers
     tokens = int(FULL_TOKENS * mc.num_layers / (mc.num_layers - windowed + RATIO * windowed))
     return tokens - tokens % EngineConfig().page_size
 

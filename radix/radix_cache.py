@@ -169,11 +169,7 @@ class RadixCache:
     def prefix_pages(self, tokens: list[int], salt: Optional[str] = None) -> list[int]:
         """The pages `match_prefix` would return, read only (as `match_length`)."""
         n, node = self.match_length(tokens, len(tokens), salt)
-        parts = []
-        while node is not self.root:
-            parts.append(node.pages)
-            node = node.parent
-        return [q for pages in reversed(parts) for q in pages][: n // self.page_size]
+        return self._along(node, lambda m: m.pages)[: n // self.page_size]
 
     def page_hash_summary(self, limit: int) -> tuple[list[int], bool]:
         """Hashes (`prefix_hash.page_hashes`) of the cached page-aligned prefixes, most recently
@@ -213,20 +209,20 @@ class RadixCache:
                              self._path(node) if with_tokens else None)
                 for node, length in heapq.nlargest(limit, order, key=rank)]
 
-    def _path(self, node: TreeNode) -> list[int]:
+    def _along(self, node: TreeNode, part) -> list:
+        """`part(n)` of every node n from the root's child down to `node`, concatenated."""
         parts = []
         while node is not self.root:
-            parts.append(node.key)
+            parts.append(part(node))
             node = node.parent
-        return [t for key in reversed(parts) for t in key]
+        return [x for items in reversed(parts) for x in items]
+
+    def _path(self, node: TreeNode) -> list[int]:
+        return self._along(node, lambda n: n.key)
 
     def path_hashes(self, node: TreeNode) -> list[int]:
         """The chained hash of every page on the path from the root to `node` (the disk tier's file names)."""
-        parts = []
-        while node is not self.root:
-            parts.append(self._hashes(node))
-            node = node.parent
-        return [h for hashes in reversed(parts) for h in hashes]
+        return self._along(node, self._hashes)
 
     def _hashes(self, node: TreeNode) -> list[int]:
         if node.hashes is None:

@@ -93,10 +93,9 @@ class Engine:
         num_tokens = kv_cache_tokens(config, mc, self.dtype, platform.free_memory_bytes())
         self.pool = KVPagePool(num_tokens // p, p)
         window_slots = window_tokens(config, mc, self.pool.num_slots)
-        self.windows = None if window_slots is None else \
-            WindowPages(self.pool.num_pages, window_slots // p, p, self.device)
-        self.kv_cache = KVLayers.of(mc, self.pool.num_pages, None if window_slots is None else window_slots // p,
-                                    p, self.dtype, self.device)
+        window_pages = None if window_slots is None else window_slots // p
+        self.windows = None if window_pages is None else WindowPages(self.pool.num_pages, window_pages, p, self.device)
+        self.kv_cache = KVLayers.of(mc, self.pool.num_pages, window_pages, p, self.dtype, self.device)
         table = RequestPageTable(config.max_running_requests, -(-mc.max_context_len // p), self.device)
         disk = self._open_cache_dir(files) if config.cache_dir is not None else None
         kv = KVManager(self.pool, table, radix_enabled=not config.disable_radix_cache, disk=disk,

@@ -70,8 +70,7 @@ def kv_cache_tokens(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, f
     if config.kv_cache_tokens is not None:
         tokens = config.kv_cache_tokens
     else:
-        windowed = 0 if config.disable_hybrid_swa_memory else \
-            sum(1 for i in range(mc.num_layers) if mc.window(i) is not None)
+        windowed = 0 if config.disable_hybrid_swa_memory else mc.num_windowed_layers
         full = KVCache.bytes_per_token(mc.num_layers - windowed, mc.num_kv_heads, mc.head_dim, dtype)
         window = KVCache.bytes_per_token(windowed, mc.num_kv_heads, mc.head_dim, dtype)
         budget, floor = free_bytes * config.mem_fraction, _window_floor(config, mc) if windowed else 0

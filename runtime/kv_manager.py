@@ -167,7 +167,7 @@ class KVManager:
             # none for an end whose window would still lack some; the prefix's own are not taken
             own = {q for q in pages if self.windows.of(q) != NONE}
             if reach and end > self._usable(pages) and all(load.first <= i < read_end for i in again) and \
-                    self._make_window_free(len(reach), keep=own):
+                    self._make_window_free(len(reach), self._window_reached() | own):
                 self.windows.attach(reach)
                 self.disk.copy_in([pages[i] for i in again], [load.reads[i - load.first] for i in again],
                                   window_only=True)
@@ -208,14 +208,14 @@ class KVManager:
         rest can be taken (so a request that cannot be admitted does not walk the tree every step)."""
         return self.windows.num_pages - len(reached) >= n
 
-    def _make_window_free(self, n: int, keep: frozenset | set = frozenset()) -> bool:
-        """Have `n` window pages free, taking them from the least recently used cached pages that no
-        running request's window reaches (nor `keep`); False (and nothing taken) if there are not
-        that many. A pass walks the whole tree, so it takes at least 1/16 of the pool, not one page."""
+    def _make_window_free(self, n: int, reached: Optional[set[int]] = None) -> bool:
+        """Have `n` window pages free, taking them from the least recently used cached pages outside
+        `reached` (by default: what running requests' windows read); False (and nothing taken) if
+        there are not that many. A pass walks the whole tree, so it takes at least 1/16 of the pool."""
         short = n - self.windows.num_free
         if short <= 0:
             return True
-        reached = self._window_reached() | keep
+        reached = self._window_reached() if reached is None else reached
         if not self._window_room(n, reached):
             return False
         cached = [q for q in self.tree.pages_oldest_first() if q not in reached]
@@ -237,11 +237,15 @@ class KVManager:
         if n <= 0:
             return True
         # nothing is evicted or given back for an allocation that cannot succeed
-        if n > self.available_pages() or (self.windows is not None and self.windows.num_free < n + spare
-                                          and not self._window_room(n + spare, self._window_reached())):
+        reached = None   # what running windows read: found once, and only when window pages run short
+        if self.windows is not None and self.windows.num_free < n + spare:
+            reached = self._window_reached()
+            if not self._window_room(n + spare, reached):
+                return False
+        if n > self.available_pages():
             return False
         self._make_free(n)
-        if self.windows is not None and not self._make_window_free(n + spare):
+        if self.windows is not None and not self._make_window_free(n + spare, reached):
             return False
         try:
             pages = self.pool.alloc(n)

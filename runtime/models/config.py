@@ -79,6 +79,10 @@ class ModelConfig:
         return (self.layer_windows[i] or None) if self.layer_windows else None
 
     @property
+    def num_windowed_layers(self) -> int:
+        return sum(1 for w in self.layer_windows if w)
+
+    @property
     def sliding_window(self) -> Optional[int]:
         """The window of the windowed layers (one size per model), None if every layer is global."""
         sizes = {w for w in self.layer_windows if w}
