@@ -5,13 +5,17 @@ then a run of greedy decode steps is timed, less its first step (the prompts' la
 `--forms fused layers separate` alternates, shape by shape, the engine as it runs (a pure-decode
 step of a float32 model on block weights in one kernel call: embedding, decoder layers, final norm
 and LM head, runtime/models/fused_decode.py), the layers in that call but the ends (embedding,
-norm, head) as calls of their own ("layers"), and each layer's ops as separate calls. The ratio to the floor comes from
+norm, head) as calls of their own ("layers"), each layer's ops as separate calls, and the engine as
+it runs with its GGUF weights left in the file's memory map ("mmap": 4 KiB pages, where the engine
+reads them into huge pages; one engine lives at a time, rebuilt when the form changes). The ratio
+to the floor comes from
 bench/results/decode_floor.json when bench/decode_floor.py has written it.
 
     .venv/bin/python bench/decode_step.py                        # 5 repeats of each shape
     .venv/bin/python bench/decode_step.py --forms fused layers separate --repeats 4
     .venv/bin/python bench/decode_step.py --shapes 1x130 32x130 --json bench/results/decode_step_b1_b32.json
     .venv/bin/python bench/decode_step.py --model bench/models/llama-1b-Q4_K_M.gguf --shapes 1x130
+    .venv/bin/python bench/decode_step.py --model bench/models/llama-1b-Q4_K_M.gguf --shapes 1x130 --forms fused mmap
 """
 from __future__ import annotations
 
@@ -50,7 +54,7 @@ def step_ms(engine: Engine, batch: int, context: int, steps: int, seed: int) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--forms", nargs="+", default=["fused"], choices=["fused", "layers", "separate"])
+    p.add_argument("--forms", nargs="+", default=["fused"], choices=["fused", "layers", "separate", "mmap"])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--shapes", nargs="+", default=[f"{b}x{c}" for b, c in SHAPES],
@@ -59,7 +63,14 @@ def main() -> None:
     p.add_argument("--model", default=None, help="a GGUF file or HF directory (default: the embedded model)")
     args = p.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
-    engine = Engine(EngineConfig(kv_cache_tokens=65536, max_running_requests=64), model_files=load_model_files(args.model))
+
+    def start(mmap: bool) -> Engine:
+        engine = Engine(EngineConfig(kv_cache_tokens=65536, max_running_requests=64, mmap=mmap),
+                        model_files=load_model_files(args.model, mmap=mmap))
+        step_ms(engine, 1, 50, 8, 0)   # warm-up
+        return engine
+
+    engine = start(mmap=False)
     fused = engine.model.fused_decode
     ends = fused.ends if fused is not None else None
     floors = {}
@@ -69,13 +80,17 @@ def main() -> None:
             floors = {k: v["floor_ms"] for k, v in floor_report["shapes"].items()}
     times: dict[tuple[str, str], list[float]] = {}
     try:
-        step_ms(engine, 1, 50, 8, 0)   # warm-up
         for rep in range(args.repeats):
             for batch, context in shapes:
                 for form in args.forms if rep % 2 == 0 else args.forms[::-1]:
+                    if engine.config.mmap != (form == "mmap"):   # one engine (one OpenMP team) at a time
+                        engine.shutdown()
+                        engine = start(mmap=form == "mmap")
+                        fused = engine.model.fused_decode
+                        ends = fused.ends if fused is not None else None
                     engine.model.fused_decode = None if form == "separate" else fused
                     if fused is not None:
-                        fused.ends = ends if form == "fused" else None
+                        fused.ends = ends if form in ("fused", "mmap") else None
                     ms = step_ms(engine, batch, context, args.steps, 1000 * rep + batch + context)
                     times.setdefault((form, f"{batch}x{context}"), []).append(ms)
                     print(f"repeat {rep} {form:8} {batch}x{context}: {ms:6.2f} ms", flush=True)

@@ -18,6 +18,9 @@ MAX_DECODE_ROWS = 32
 class EngineConfig:
     model: Optional[str] = None          # GGUF file or HF directory; None = embedded default
     device: str = "auto"                 # auto | cpu | cuda
+    # CPU: a GGUF file's quantized matrices stay in the file's memory map (shared by processes on
+    # one host, nothing read at load) instead of one huge-page copy (faster decode)
+    mmap: bool = False
     dtype: str = "auto"                  # auto | float32 | bfloat16
     page_size: int = 16
     kv_cache_tokens: Optional[int] = None

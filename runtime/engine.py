@@ -60,12 +60,12 @@ class Engine:
     def __init__(self, config: Optional[EngineConfig] = None, model_files: Optional[ModelFiles] = None):
         self.config = config = config or EngineConfig()
         config.validate()
-        files = model_files or load_model_files(config.model)
+        self.device = pick_device(config.device)
+        self.platform = get_platform(self.device)   # chosen once, passed to everything below
+        files = model_files or load_model_files(config.model, mmap=config.mmap or not self.platform.weights_in_memory)
         self.model_name = files.name
         self.tokenizer = files.tokenizer
         self.model_config = files.config
-        self.device = pick_device(config.device)
-        self.platform = get_platform(self.device)   # chosen once, passed to everything below
         self.dtype = pick_dtype(config.dtype, self.device,
                                 block_quantized=any(isinstance(w, BlockTensor) for w in files.weights.values()))
         self.eos_token_ids = sorted(set(files.config.eos_token_ids) | set(self.tokenizer.eos_token_ids))

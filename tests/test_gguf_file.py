@@ -1,6 +1,9 @@
 """The GGUF reader (runtime/models/gguf_file.py) against the `gguf` package's own reader and
-dequantiser, on the default model's file: the same metadata, tensors and float32 weights."""
+dequantiser, on the default model's file: the same metadata, tensors and float32 weights, with the
+tensors in the file's map and read into huge-page memory alike; and where each form's bytes live."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,18 +11,70 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
 
+from radixserve.runtime.config import EngineConfig
+from radixserve.runtime.engine import Engine
 from radixserve.runtime.models.gguf_file import GGUFFormatError, read_gguf
+from radixserve.runtime.sampling_params import SamplingParams
 from radixserve.kernels.cpu_kernels import load
 from radixserve.runtime.models.gguf_loader import dense
-from radixserve.runtime.models.loader import default_model_path
+from radixserve.runtime.models.loader import default_model_path, load_model_files
 from radixserve.runtime.models.quant import BlockTensor
 
 
-@pytest.fixture(scope="module")
-def both():
+@pytest.fixture(scope="module", params=["mapped", "in_memory"])
+def both(request):
     path = default_model_path()
     reference = GGUFReader(str(path))
-    return reference, read_gguf(path)
+    return reference, read_gguf(path, in_memory=request.param == "in_memory")
+
+
+def mapping_of(array: np.ndarray) -> tuple[str, int]:
+    """The path of the mapping (from /proc/self/smaps) that holds the array's first byte ("" for
+    anonymous memory), and its AnonHugePages in kB."""
+    address, found = array.ctypes.data, None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:   # a mapping's first line
+            lo, hi = (int(v, 16) for v in head[0].split("-"))
+            if found is not None:
+                break
+            if lo <= address < hi:
+                found = [head[5] if len(head) > 5 else "", 0]
+        elif found is not None and head[0] == "AnonHugePages:":
+            found[1] = int(head[1])
+    assert found is not None, "no mapping holds the array"
+    return found[0], found[1]
+
+
+def transparent_huge_pages() -> bool:
+    """Whether the kernel gives huge pages to memory that asks for them ('always' or 'madvise')."""
+    try:
+        return "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+
+
+def test_mapped_tensors_are_the_files_own_pages():
+    _, tensors = read_gguf(default_model_path())
+    path, _ = mapping_of(next(t for t in tensors.values() if t.tensor_type.name == "Q4_1").data)
+    assert Path(path) == default_model_path().resolve()
+
+
+def test_tensors_read_into_memory_live_in_anonymous_huge_pages():
+    _, tensors = read_gguf(default_model_path(), in_memory=True)
+    biggest = max(tensors.values(), key=lambda t: t.data.nbytes)
+    path, huge_kb = mapping_of(biggest.data)
+    assert path == ""   # anonymous memory, not the file's page cache
+    assert biggest.data.ctypes.data % 32 == 0
+    if transparent_huge_pages():
+        assert huge_kb * 1024 >= biggest.data.nbytes // 2
+
+
+def test_the_loader_reads_weights_into_memory_unless_asked_to_map_them():
+    in_memory = load_model_files(None).weights["model.layers.0.mlp.gate_proj.weight"]
+    mapped = load_model_files(None, mmap=True).weights["model.layers.0.mlp.gate_proj.weight"]
+    assert mapping_of(in_memory.data)[0] == "" and Path(mapping_of(mapped.data)[0]) == default_model_path().resolve()
+    assert np.array_equal(in_memory.data, mapped.data)
 
 
 def test_metadata_equals_the_gguf_packages(both):
@@ -62,9 +117,21 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
         read_gguf(bad)
 
 
-def test_a_truncated_file_is_refused(tmp_path):
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_a_truncated_file_is_refused(tmp_path, in_memory):
     data = default_model_path().read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(GGUFFormatError, match="past the end"):
-        read_gguf(cut)
+        read_gguf(cut, in_memory=in_memory)
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_cpu_engine_decodes_from_memory_unless_told_to_map_the_file(mmap):
+    engine = Engine(EngineConfig(device="cpu", kv_cache_tokens=256, mmap=mmap))
+    try:
+        path, _ = mapping_of(engine.model.layers[0].gate_up.parts[0].data)
+        assert (Path(path) == default_model_path().resolve()) if mmap else path == ""
+        assert engine.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0.0))[0].text
+    finally:
+        engine.shutdown()

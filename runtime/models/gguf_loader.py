@@ -131,11 +131,12 @@ def _gpt_oss(a) -> dict[str, Any]:
                 attention_sinks=True, swiglu_limit=7.0, swiglu_alpha=1.702)
 
 
-def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
-    """The file's block-quantized matrices stay in its memory map (BlockTensors); plain tensors are
-    read as float32 (norms, or a whole F16 file)."""
+def load_gguf(path: Path, name: str, with_weights: bool = True, mmap: bool = False) -> ModelFiles:
+    """The file's block-quantized matrices as BlockTensors, the file's bytes in one huge-page copy
+    (or with `mmap`, in its memory map); plain tensors are read as float32 (norms, or a whole F16
+    file)."""
     try:
-        fields, tensors = read_gguf(path)
+        fields, tensors = read_gguf(path, in_memory=with_weights and not mmap)
     except Exception as e:
         raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
     vocab = len(fields.get("tokenizer.ggml.tokens", [])) or tensors["token_embd.weight"].shape[-1]

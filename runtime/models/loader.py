@@ -50,9 +50,10 @@ def default_model_path() -> Path:
     return path
 
 
-def load_model_files(model: Optional[str], weights: bool = True) -> ModelFiles:
+def load_model_files(model: Optional[str], weights: bool = True, mmap: bool = False) -> ModelFiles:
     """The model's config, tokenizer and (unless `weights` is false: a front end that only
-    tokenizes) its weights."""
+    tokenizes) its weights. A GGUF file's quantized matrices are read into huge-page memory, or
+    with `mmap` stay in the file's memory map (shared by processes, nothing read at load)."""
     path = default_model_path() if model is None else Path(model).expanduser()
     name = DEFAULT_MODEL_NAME if model is None else path.name
     if not path.exists():
@@ -61,7 +62,7 @@ def load_model_files(model: Optional[str], weights: bool = True) -> ModelFiles:
         if path.is_dir():
             return _load_hf_dir(path, name, weights)
         from radixserve.runtime.models.gguf_loader import load_gguf
-        return load_gguf(path, name, weights)
+        return load_gguf(path, name, weights, mmap)
     except (UnsupportedModelError, TokenizerError) as e:
         raise ModelLoadError(str(e)) from None
 
