@@ -7,11 +7,7 @@ import ctypes
 import ctypes.util
 import functools
 import mmap
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import numpy as np
 
 import torch
 
@@ -59,38 +55,3 @@ def zeroed_pages(nbytes: int) -> torch.Tensor:
         return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=torch.uint8)
 
-
-HUGE_PAGE = 2 << 20
-
-
-def read_into_huge_pages(path: Path, offset: int, nbytes: int) -> np.ndarray:
-    """Bytes offset..offset + nbytes of a file, read into anonymous memory that the kernel backs
-    with 2 MiB pages (transparent huge pages, 'madvise' or 'always'; 4 KiB pages elsewhere).
-
-    A decode step streams every weight once. From a file's memory map, 4 KiB pages, the 1B
-    Q4_K_M's whole-step decode ran 0.77-0.94x as fast as from huge pages here (bench/real_models.py
-    --mmap-ab): the hardware prefetchers stop at each 4 KiB page and its TLB misses add up. The
-    file is read with pread, never through a mapping, so its page cache stays out of the process's
-    resident memory; two threads read halves of it (a copy from the page cache is memory-bound)."""
-    area = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        area.madvise(mmap.MADV_HUGEPAGE)
-    everything = np.frombuffer(area, dtype=np.uint8)
-    start = -everything.ctypes.data % HUGE_PAGE   # the mapping need not start on a huge page
-    out = everything[start:start + nbytes]
-    view = memoryview(out)
-    pieces = [(o, min(nbytes, o + (64 << 20))) for o in range(0, nbytes, 64 << 20)]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        def read(piece: tuple[int, int]) -> None:
-            at, end = piece
-            while at < end:
-                got = os.preadv(fd, [view[at:end]], offset + at)
-                if got <= 0:
-                    raise OSError(f"{path} ends before byte {offset + end}")
-                at += got
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(read, pieces))
-    finally:
-        os.close(fd)
-    return out

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from radixserve.runtime.cpu_tuning import read_into_huge_pages
+from radixserve.runtime.models.weight_memory import read_into_huge_pages
 
 _MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
@@ -74,7 +74,7 @@ class _Cursor:
 
 def read_gguf(path: Path, in_memory: bool = False) -> tuple[dict[str, Any], dict[str, GGUFTensor]]:
     """Metadata as Python values, and the tensors by name: views into the file's map, or with
-    `in_memory` into one huge-page copy of its tensor data (runtime/cpu_tuning.py)."""
+    `in_memory` into one huge-page copy of its tensor data (runtime/models/weight_memory.py)."""
     with open(path, "rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     buf = memoryview(mapped)
