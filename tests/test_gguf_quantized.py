@@ -1,5 +1,6 @@
-"""A GGUF file's quantized matrices stay the file's bytes: views of its memory map, run on the block
-kernels with no float copy; only `--dtype float32`, the reference, dequantises them."""
+"""A GGUF file's quantized matrices stay the file's bytes: views of one copy of them (huge-page
+memory, or the file's map with `--mmap`: tests/test_gguf_file.py), run on the block kernels with no
+float copy; only `--dtype float32`, the reference, dequantises them."""
 import mmap
 
 import numpy as np
@@ -20,10 +21,11 @@ def root(a):
     return a.obj if isinstance(a, memoryview) else a
 
 
-def test_quantized_matrices_are_views_of_the_files_memory_map(default_model_files):
-    for name in (LAYER, EMBED, "model.layers.0.self_attn.q_proj.weight"):
-        w = default_model_files.weights[name]
-        assert isinstance(w, BlockTensor) and isinstance(root(w.data), mmap.mmap)
+def test_quantized_matrices_are_views_of_one_copy_of_the_files_bytes(default_model_files):
+    weights = [default_model_files.weights[name] for name in (LAYER, EMBED, "model.layers.0.self_attn.q_proj.weight")]
+    assert all(isinstance(w, BlockTensor) for w in weights)
+    roots = {id(root(w.data)) for w in weights}
+    assert len(roots) == 1 and isinstance(root(weights[0].data), mmap.mmap)
 
 
 def test_q_and_k_are_unpermuted_by_a_row_map_not_a_copy(default_model_files):
