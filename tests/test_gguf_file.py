@@ -19,6 +19,7 @@ from radixserve.kernels.cpu_kernels import load
 from radixserve.runtime.models.gguf_loader import dense
 from radixserve.runtime.models.loader import default_model_path, load_model_files
 from radixserve.runtime.models.quant import BlockTensor
+from radixserve.runtime.models.weight_memory import read_into_huge_pages
 
 
 @pytest.fixture(scope="module", params=["mapped", "in_memory"])
@@ -135,3 +136,11 @@ def test_a_cpu_engine_decodes_from_memory_unless_told_to_map_the_file(mmap):
         assert engine.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0.0))[0].text
     finally:
         engine.shutdown()
+
+
+def test_a_huge_page_read_that_meets_the_end_of_the_file_raises_not_returns_part(tmp_path):
+    short = tmp_path / "short.bin"
+    short.write_bytes(bytes(range(256)) * 1024)
+    assert np.array_equal(read_into_huge_pages(short, 256, 1024), np.frombuffer(bytes(range(256)) * 4, np.uint8))
+    with pytest.raises(OSError, match="ends before byte"):
+        read_into_huge_pages(short, 1024, 256 * 1024)

@@ -39,19 +39,21 @@ def read_into_huge_pages(path: Path, offset: int, nbytes: int, threads: int = 2)
     view, lock, cursor, errors = memoryview(out), threading.Lock(), [0], []
 
     def work(fd: int) -> None:
-        while not errors:
-            with lock:   # pieces in file order, to whichever thread is free
-                at = cursor[0]
-                cursor[0] += PIECE
-            if at >= nbytes:
-                return
-            end = min(nbytes, at + PIECE)
-            while at < end:
-                got = os.preadv(fd, [view[at:end]], offset + at)
-                if got <= 0:
-                    errors.append(OSError(f"{path} ends before byte {offset + end}"))
+        try:
+            while not errors:
+                with lock:   # pieces in file order, to whichever thread is free
+                    at = cursor[0]
+                    cursor[0] += PIECE
+                if at >= nbytes:
                     return
-                at += got
+                end = min(nbytes, at + PIECE)
+                while at < end:
+                    got = os.preadv(fd, [view[at:end]], offset + at)
+                    if got <= 0:
+                        raise OSError(f"{path} ends before byte {offset + end}")
+                    at += got
+        except OSError as e:   # the loader reports it; never a half-read model
+            errors.append(e)
 
     fd = os.open(path, os.O_RDONLY)
     try:
