@@ -16,8 +16,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
     p.add_argument("--mmap", action="store_true",
-                   help="CPU: decode from the GGUF file's memory map (shared by processes) instead of reading its "
-                        "weights into huge-page memory")
+                   help="CPU: decode from the GGUF file's memory map (shared by processes) instead of moving its "
+                        "weights to huge pages once serving")
     p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
     p.add_argument("--kv-cache-tokens", type=int, default=None, help="KV pool size in tokens")

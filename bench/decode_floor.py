@@ -92,6 +92,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     files = load_model_files(args.model)
+    if files.mapped is not None:   # where the CPU engine streams a GGUF's weights from
+        files.mapped.to_huge_pages()
     dtype = pick_dtype("auto", torch.device("cpu"),
                        block_quantized=any(isinstance(w, BlockTensor) for w in files.weights.values()))
     model = LlamaForCausalLM(files.config, files.weights, dtype, get_platform(torch.device("cpu")))

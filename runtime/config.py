@@ -19,7 +19,7 @@ class EngineConfig:
     model: Optional[str] = None          # GGUF file or HF directory; None = embedded default
     device: str = "auto"                 # auto | cpu | cuda
     # CPU: a GGUF file's quantized matrices stay in the file's memory map (shared by processes on
-    # one host, nothing read at load) instead of one huge-page copy (faster decode)
+    # one host) instead of moving to huge pages once the engine serves (faster decode)
     mmap: bool = False
     dtype: str = "auto"                  # auto | float32 | bfloat16
     page_size: int = 16

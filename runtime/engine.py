@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ class Engine:
         config.validate()
         self.device = pick_device(config.device)
         self.platform = get_platform(self.device)   # chosen once, passed to everything below
-        files = model_files or load_model_files(config.model, mmap=config.mmap or not self.platform.weights_in_memory)
+        files = model_files or load_model_files(config.model)
         self.model_name = files.name
         self.tokenizer = files.tokenizer
         self.model_config = files.config
@@ -81,6 +82,13 @@ class Engine:
         self.scheduler, self.kv, self.runner, self.outputs = parts.scheduler, parts.kv, parts.runner, parts.outputs
         self.admission = Admission(files.config.max_context_len, files.config.vocab_size, self.pool.num_slots,
                                    RETENTIONS if self.kv.disk is not None else RETENTIONS[:1])
+        # the weights move from the file's map to huge pages while the engine serves
+        # (runtime/models/weight_memory.py); join() it to wait for them
+        self.weight_pages: Optional[threading.Thread] = None
+        if self.platform.weights_in_memory and not config.mmap and files.mapped is not None:
+            self.weight_pages = threading.Thread(target=files.mapped.to_huge_pages, name="radixserve-weight-pages",
+                                                 daemon=True)
+            self.weight_pages.start()
 
     def _build(self, files: ModelFiles) -> LoopParts:
         """On the loop thread: the model, the KV pool and cache, and the loop's collaborators."""
@@ -233,6 +241,8 @@ class Engine:
     def shutdown(self) -> None:
         self.loop.stop()
         self.structured.shutdown()
+        if self.weight_pages is not None:   # a few seconds at most: no thread outlives the engine
+            self.weight_pages.join()
         if self.kv.disk is not None:   # after the loop: nothing queues writes any more
             self.kv.disk.close()
 

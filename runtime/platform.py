@@ -76,8 +76,8 @@ class Platform:
     fill_mask_before_forward = False
     # decode steps replayed from CUDA graphs
     decode_graphs = False
-    # a GGUF file's quantized matrices read into host memory at load (CpuPlatform), rather than
-    # left in the file's map: a device copies them over anyway
+    # a GGUF file's quantized matrices moved from the file's map to huge-page host memory once the
+    # engine serves (CpuPlatform): a device copies them over anyway
     weights_in_memory = False
 
     def __init__(self, device: torch.device):
@@ -210,7 +210,7 @@ class CpuPlatform(Platform):
     # mask before it, while the matchers' state is still cached from the last accept, takes half as
     # long (0.22 vs 0.44 ms a step at 32 constrained rows)
     fill_mask_before_forward = True
-    # the block kernels stream them from huge pages (runtime/cpu_tuning.py read_into_huge_pages)
+    # the block kernels stream them from huge pages (runtime/models/weight_memory.py)
     weights_in_memory = True
 
     def __init__(self, device: torch.device):

