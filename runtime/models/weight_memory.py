@@ -46,7 +46,7 @@ def _libc():
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-@dataclass
+@dataclass(eq=False)   # identity: it owns a mapping's pages
 class MappedWeights:
     """A GGUF file's tensor data: `data` (a view of the file's read-only map) holds the file's bytes
     from `offset` on; every tensor is a view of it."""
